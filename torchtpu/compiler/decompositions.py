@@ -1,0 +1,30 @@
+"""Which ATen ops are decomposed before lowering.
+
+Core ATen is the contract: torch's core decompositions bring every graph down to it, and
+every Core ATen overload either has a rule here or is listed in DECOMPOSED_CORE, whose
+torch decompositions we apply on purpose (fewer rules, same numbers).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+# Core ATen ops whose torch decomposition we use instead of a rule of our own.
+DECOMPOSED_CORE = [
+]
+
+# Non-core ops that survive core_aten_decompositions in real graphs and that torch can
+# decompose further.
+EXTRA = [
+]
+
+
+@functools.cache
+def decomposition_table() -> dict:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(DECOMPOSED_CORE + EXTRA))
+    return table

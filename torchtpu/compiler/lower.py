@@ -1,0 +1,202 @@
+"""Lowering: an ATen FX graph plus a concrete input signature -> a JAX function -> StableHLO.
+
+The graph is interpreted node by node inside a JAX trace; each ATen node is handed to its
+registered rule. Symbolic sizes are concrete here: one lowering serves one signature.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from torchtpu.compiler import dtypes, registry
+from torchtpu.compiler.context import LowerCtx, RngState
+from torchtpu.compiler.errors import LoweringError, user_source_line, write_reproducer
+from torchtpu.compiler.spec import TensorSpec
+
+
+@dataclasses.dataclass
+class OutputSlot:
+    """How one graph output is rebuilt as a torch value after the program ran."""
+
+    kind: str  # "tensor" (index into the program's results), "value" (a Python value), "none"
+    index: int = -1
+    value: Any = None
+    stride: tuple[int, ...] | None = None  # torch's stride when it is not the contiguous one
+
+
+@dataclasses.dataclass
+class JaxProgram:
+    """A graph specialised to one signature, as a JAX function of its tensor inputs."""
+
+    fn: Callable
+    tensor_inputs: list[int]  # positions of tensor placeholders in the call arguments
+    uses_rng: bool
+    outputs: list[OutputSlot]  # filled in when fn is traced
+    avals: list[jax.ShapeDtypeStruct]
+
+
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for size in reversed(shape):
+        stride.append(acc)
+        acc *= max(int(size), 1)
+    return tuple(reversed(stride))
+
+
+def _static_stride(val) -> tuple[int, ...] | None:
+    """torch's output stride when it is concrete and differs from the contiguous one."""
+    if not isinstance(val, torch.Tensor) or val.ndim < 2:
+        return None
+    try:
+        shape = tuple(int(s) for s in val.shape)
+        stride = tuple(int(s) for s in val.stride())
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    significant = [(st, sz) for st, sz in zip(stride, shape) if sz > 1]
+    contiguous = [(st, sz) for st, sz in zip(_contiguous_stride(shape), shape) if sz > 1]
+    return None if significant == contiguous else stride
+
+
+def uses_rng(gm: torch.fx.GraphModule) -> bool:
+    return any(n.op == "call_function" and registry.is_random(n.target) for n in gm.graph.nodes)
+
+
+def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options,
+                   device: jax.Device | None = None) -> JaxProgram:
+    """Builds the JAX function of `gm` for the concrete signature `spec` (placed on `device`)."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(spec):
+        raise ValueError(f"graph has {len(placeholders)} inputs, signature has {len(spec)}")
+    tensor_inputs = [i for i, s in enumerate(spec) if isinstance(s, TensorSpec)]
+    rng = uses_rng(gm)
+    outputs: list[OutputSlot] = []
+    sharding = jax.sharding.SingleDeviceSharding(device) if device is not None else None
+    avals = [jax.ShapeDtypeStruct(spec[i].shape, dtypes.to_jax(spec[i].dtype), sharding=sharding)
+             for i in tensor_inputs]
+    if rng:
+        avals = [jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding)] + avals
+
+    def fn(*arrays):
+        arrays = list(arrays)
+        state = RngState(arrays.pop(0) if rng else None)
+        env: dict[torch.fx.Node, Any] = {}
+        feed = iter(arrays)
+        for node, s in zip(placeholders, spec):
+            env[node] = next(feed) if isinstance(s, TensorSpec) else s
+        results = []
+        outputs.clear()
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "get_attr":
+                env[node] = _constant(gm, node)
+            elif node.op == "call_function":
+                env[node] = lower_node(node, env, LowerCtx(node, platform, options, state), gm, spec)
+            elif node.op == "output":
+                for value, meta in zip(_flat_outputs(node, env), _flat_output_metas(node)):
+                    if value is None:
+                        outputs.append(OutputSlot("none"))
+                    elif isinstance(value, jax.Array):
+                        outputs.append(OutputSlot("tensor", len(results), stride=_static_stride(meta)))
+                        results.append(value)
+                    else:
+                        outputs.append(OutputSlot("value", value=value))
+            else:
+                raise LoweringError(f"unsupported FX node kind {node.op!r} ({node.format_node()})")
+        return tuple(results)
+
+    return JaxProgram(fn, tensor_inputs, rng, outputs, avals)
+
+
+def _flat_outputs(node, env):
+    (out,) = node.args
+    out = out if isinstance(out, (list, tuple)) else [out]
+    return [env[a] if isinstance(a, torch.fx.Node) else a for a in out]
+
+
+def _flat_output_metas(node):
+    (out,) = node.args
+    out = out if isinstance(out, (list, tuple)) else [out]
+    return [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in out]
+
+
+def _constant(gm, node):
+    value = getattr(gm, node.target)
+    if isinstance(value, torch.Tensor):
+        return jnp.asarray(_to_numpy(value.detach()))
+    return value
+
+
+def _to_numpy(t: torch.Tensor):
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy().astype(jnp.bfloat16)
+    return t.cpu().numpy()
+
+
+def lower_node(node: torch.fx.Node, env: dict, ctx: LowerCtx, gm=None, spec=None):
+    """Lowers one call_function node; any failure becomes a LoweringError naming the node."""
+    args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        # Python-level glue: getitem on multi-output ops, and SymInt arithmetic, which is
+        # concrete here.
+        return target(*args, **kwargs)
+    rule = registry.lookup(target)
+    if rule is None:
+        raise _error(f"no lowering for {target}", node, gm, spec, ctx)
+    try:
+        out = rule(ctx, *args, **kwargs)
+    except LoweringError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — every rule failure is reported the same way
+        raise _error(f"lowering {target} failed: {type(exc).__name__}: {exc}", node, gm, spec, ctx) from exc
+    return _check_output(out, node, gm, spec, ctx)
+
+
+def _check_output(out, node, gm, spec, ctx):
+    """Casts a rule's result to torch's dtype and checks its shape against torch's."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and hasattr(out, "dtype"):
+        return _match(out, val, node, gm, spec, ctx)
+    if isinstance(val, (tuple, list)) and isinstance(out, (tuple, list)):
+        return tuple(
+            _match(o, v, node, gm, spec, ctx) if isinstance(v, torch.Tensor) and hasattr(o, "dtype") else o
+            for o, v in zip(out, val)
+        )
+    return out
+
+
+def _match(out, val, node, gm, spec, ctx):
+    out = jnp.asarray(out)
+    want = dtypes.to_jax(val.dtype)
+    if out.dtype != want:
+        out = out.astype(want)
+    shape = tuple(val.shape)
+    if all(isinstance(s, int) for s in shape) and tuple(out.shape) != shape:
+        raise _error(
+            f"lowering {node.target} produced shape {tuple(out.shape)}, torch expects {shape}",
+            node, gm, spec, ctx,
+        )
+    return out
+
+
+def _error(message: str, node, gm, spec, ctx) -> LoweringError:
+    source = user_source_line(node)
+    detail = f"{message}\n  FX node: {node.format_node()}\n  user source: {source}"
+    if gm is not None:
+        inputs = [_example(s) for s in spec] if spec is not None else []
+        path = write_reproducer(gm, inputs, detail, getattr(ctx.options, "dump_dir", None))
+        detail += f"\n  reproducer: {path}"
+    return LoweringError(detail)
+
+
+def _example(s):
+    if isinstance(s, TensorSpec):
+        return torch.empty(s.shape, dtype=s.dtype)
+    return s

@@ -1,0 +1,69 @@
+"""The lowering registry: ATen overload -> rule.
+
+A rule has one signature, ``rule(ctx, *args, **kwargs)``: ``ctx`` is the node's
+:class:`~torchtpu.compiler.context.LowerCtx`; tensor arguments arrive as JAX values,
+everything else as the Python value the FX node holds. A rule returns a JAX value (or a
+tuple of them for multi-output ops).
+
+Lookup order is fixed: the exact overload, then nothing — an op the registry does not
+know is decomposed before lowering (see decompositions.py) or fails with a precise
+error naming the overload, the node and the user's source line.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Rule = Callable[..., object]
+_RULES: dict[torch._ops.OpOverload, Rule] = {}
+_RANDOM: set[torch._ops.OpOverload] = set()
+
+
+class DuplicateRuleError(RuntimeError):
+    pass
+
+
+def _overloads(target) -> list[torch._ops.OpOverload]:
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return [getattr(target, name) for name in target.overloads()]
+    if isinstance(target, torch._ops.OpOverload):
+        return [target]
+    raise TypeError(f"register a torch OpOverload or OpOverloadPacket, not {target!r}")
+
+
+def op(*targets, random: bool = False) -> Callable[[Rule], Rule]:
+    """Registers the decorated rule for every overload named (a packet means all of its overloads).
+
+    Registering one overload twice raises DuplicateRuleError. `random=True` marks ops that
+    draw random numbers: their programs take a PRNG key as an extra input.
+    """
+
+    def register(rule: Rule) -> Rule:
+        for target in targets:
+            for overload in _overloads(target):
+                if overload in _RULES:
+                    previous = _RULES[overload]
+                    raise DuplicateRuleError(
+                        f"{overload} already has a rule ({previous.__module__}.{previous.__qualname__}); "
+                        f"{rule.__module__}.{rule.__qualname__} registers it again"
+                    )
+                _RULES[overload] = rule
+                if random:
+                    _RANDOM.add(overload)
+        return rule
+
+    return register
+
+
+def lookup(target) -> Rule | None:
+    return _RULES.get(target)
+
+
+def is_random(target) -> bool:
+    return target in _RANDOM
+
+
+def registered() -> dict[torch._ops.OpOverload, Rule]:
+    """A copy of the registry, for tests and coverage reports."""
+    return dict(_RULES)

@@ -1,0 +1,57 @@
+"""Scaled dot-product attention in the fused forms AOTAutograd leaves in graphs on CPU
+(`_scaled_dot_product_flash_attention_for_cpu` and its backward). The backward is the VJP
+of the same math, so forward and backward agree by construction."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from torchtpu.compiler.registry import op
+from torchtpu.compiler.rules.reduction import accumulate_dtype
+
+aten = torch.ops.aten
+
+
+def attention(q, k, v, mask=None, causal=False, scale=None):
+    """softmax(q k^T * scale + mask) v, with GQA head broadcasting; returns (out, logsumexp)."""
+    acc = accumulate_dtype(q.dtype)
+    q, k, v = q.astype(acc), k.astype(acc), v.astype(acc)
+    if k.shape[-3] != q.shape[-3]:  # grouped-query attention: repeat kv heads
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = jnp.repeat(k, rep, axis=-3), jnp.repeat(v, rep, axis=-3)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=jax.lax.Precision.HIGHEST) * scale
+    if causal:
+        lq, lk = scores.shape[-2], scores.shape[-1]
+        keep = jnp.tril(jnp.ones((lq, lk), jnp.bool_))
+        scores = jnp.where(keep, scores, -jnp.inf)
+    if mask is not None:
+        scores = jnp.where(mask, scores, -jnp.inf) if mask.dtype == jnp.bool_ else scores + mask.astype(acc)
+    lse = jax.nn.logsumexp(scores, axis=-1)
+    probs = jnp.exp(scores - lse[..., None])
+    probs = jnp.where(jnp.isnan(probs), 0.0, probs)
+    out = jnp.einsum("...qk,...kd->...qd", probs, v, precision=jax.lax.Precision.HIGHEST)
+    return out, lse
+
+
+@op(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    if dropout_p:
+        raise NotImplementedError("dropout inside fused attention; use the math path (dropout_p=0)")
+    out, lse = attention(q, k, v, attn_mask, is_causal, scale)
+    return out.astype(q.dtype), lse
+
+
+@op(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def _sdpa_flash_cpu_backward(ctx, grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *,
+                             attn_mask=None, scale=None):
+    acc = accumulate_dtype(q.dtype)
+
+    def f(q, k, v):
+        return attention(q, k, v, attn_mask, is_causal, scale)[0]
+
+    _, vjp = jax.vjp(f, q.astype(acc), k.astype(acc), v.astype(acc))
+    return vjp(grad_out.astype(acc))

@@ -1,0 +1,70 @@
+"""Tensor creation: full, empty, arange, scalar_tensor, fill."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+
+from torchtpu.compiler.registry import op
+
+aten = torch.ops.aten
+
+
+@op(aten.full.default)
+def _full(ctx, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.full(tuple(size), fill_value, ctx.out_dtype)
+
+
+@op(aten.full_like.default)
+def _full_like(ctx, x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
+               memory_format=None):
+    return jnp.full(x.shape, fill_value, ctx.out_dtype)
+
+
+@op(aten.scalar_tensor.default)
+def _scalar_tensor(ctx, value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.asarray(value, ctx.out_dtype)
+
+
+# Uninitialised memory in torch; zeros here (deterministic, and any value is correct).
+@op(aten.empty.memory_format)
+def _empty(ctx, size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(tuple(size), ctx.out_dtype)
+
+
+@op(aten.empty_strided.default)
+def _empty_strided(ctx, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), ctx.out_dtype)
+
+
+@op(aten.empty_like.default)
+def _empty_like(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(x.shape, ctx.out_dtype)
+
+
+@op(aten.zeros_like.default)
+def _zeros_like(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(x.shape, ctx.out_dtype)
+
+
+@op(aten.ones_like.default)
+def _ones_like(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.ones(x.shape, ctx.out_dtype)
+
+
+@op(aten.fill.Scalar, aten.fill.Tensor)
+def _fill(ctx, x, value):
+    return jnp.broadcast_to(jnp.asarray(value).astype(x.dtype), x.shape)
+
+
+@op(aten.arange.start_step, aten.arange.default, aten.arange.start)
+def _arange(ctx, *args, dtype=None, layout=None, device=None, pin_memory=None):
+    # torch computes arange as start + i * step in the result dtype (double for floats)
+    if len(args) == 1:
+        start, end, step = 0, args[0], 1
+    else:
+        start, end, step = (list(args) + [1])[:3]
+    n = int(ctx.val.shape[0])
+    out = ctx.out_dtype
+    if jnp.issubdtype(out, jnp.floating):
+        return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(out)
+    return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(out)

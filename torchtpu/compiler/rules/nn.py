@@ -1,0 +1,252 @@
+"""Normalisation, embedding and loss-adjacent ops. Backward rules are the VJPs of the
+forward rules, so the two can never disagree."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import torch
+
+from torchtpu.compiler.registry import op
+from torchtpu.compiler.rules.reduction import accumulate_dtype
+
+aten = torch.ops.aten
+
+
+# --- layer norm ------------------------------------------------------------------------------
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    acc = accumulate_dtype(x.dtype)
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    xf = x.astype(acc)
+    mean = jnp.mean(xf, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    out = (xf - mean) * rstd
+    if weight is not None:
+        out = out * weight.astype(acc)
+    if bias is not None:
+        out = out + bias.astype(acc)
+    return out.astype(x.dtype), mean, rstd
+
+
+@op(aten.native_layer_norm.default)
+def _native_layer_norm(ctx, x, normalized_shape, weight, bias, eps):
+    return _layer_norm(x, list(normalized_shape), weight, bias, eps)
+
+
+@op(aten.native_layer_norm_backward.default)
+def _native_layer_norm_backward(ctx, grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    acc = accumulate_dtype(x.dtype)
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    xhat = (x.astype(acc) - mean) * rstd
+    g = grad.astype(acc)
+    gw = g * weight.astype(acc) if weight is not None else g
+    n = math.prod(x.shape[a] for a in axes)
+    dx = rstd / n * (n * gw - jnp.sum(gw, axis=axes, keepdims=True)
+                     - xhat * jnp.sum(gw * xhat, axis=axes, keepdims=True))
+    lead = tuple(range(x.ndim - len(normalized_shape)))
+    dweight = jnp.sum(g * xhat, axis=lead) if weight is not None and output_mask[1] else None
+    dbias = jnp.sum(g, axis=lead) if bias is not None and output_mask[2] else None
+    return (dx if output_mask[0] else None), dweight, dbias
+
+
+# --- batch norm ------------------------------------------------------------------------------
+
+
+def _bn_shape(x):
+    return (1, -1) + (1,) * (x.ndim - 2)
+
+
+def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):
+    acc = accumulate_dtype(x.dtype)
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    xf = x.astype(acc)
+    mean = jnp.mean(xf, axis=axes)
+    var = jnp.mean(jnp.square(xf - mean.reshape(_bn_shape(x))), axis=axes)
+    invstd = lax.rsqrt(var + eps)
+    out = (xf - mean.reshape(_bn_shape(x))) * invstd.reshape(_bn_shape(x))
+    if weight is not None:
+        out = out * weight.astype(acc).reshape(_bn_shape(x))
+    if bias is not None:
+        out = out + bias.astype(acc).reshape(_bn_shape(x))
+    new_rm = new_rv = None
+    if running_mean is not None:
+        n = x.size // x.shape[1]
+        unbiased = var * (n / max(n - 1, 1))
+        new_rm = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
+        new_rv = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
+    return out.astype(x.dtype), mean, invstd, new_rm, new_rv
+
+
+def _batch_norm_eval(x, weight, bias, running_mean, running_var, eps):
+    acc = accumulate_dtype(x.dtype)
+    invstd = lax.rsqrt(running_var.astype(acc) + eps)
+    out = (x.astype(acc) - running_mean.astype(acc).reshape(_bn_shape(x))) * invstd.reshape(_bn_shape(x))
+    if weight is not None:
+        out = out * weight.astype(acc).reshape(_bn_shape(x))
+    if bias is not None:
+        out = out + bias.astype(acc).reshape(_bn_shape(x))
+    return out.astype(x.dtype)
+
+
+def _empty_stats(x):
+    return jnp.zeros((0,), accumulate_dtype(x.dtype))
+
+
+@op(aten._native_batch_norm_legit_functional.default)
+def _bn_legit_functional(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
+        return out, _empty_stats(x), _empty_stats(x), running_mean, running_var
+    out, mean, invstd, rm, rv = _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
+    return out, mean, invstd, rm, rv
+
+
+@op(aten._native_batch_norm_legit.default)
+def _bn_legit(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    # Only reached without functionalization; running stats are not written back here.
+    if not training:
+        return _batch_norm_eval(x, weight, bias, running_mean, running_var, eps), _empty_stats(x), _empty_stats(x)
+    out, mean, invstd, _, _ = _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
+    return out, mean, invstd
+
+
+@op(aten._native_batch_norm_legit.no_stats)
+def _bn_legit_no_stats(ctx, x, weight, bias, training, momentum, eps):
+    out, mean, invstd, _, _ = _batch_norm_train(x, weight, bias, None, None, momentum, eps)
+    return out, mean, invstd
+
+
+@op(aten._native_batch_norm_legit_no_training.default)
+def _bn_no_training(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm_eval(x, weight, bias, running_mean, running_var, eps), _empty_stats(x), _empty_stats(x)
+
+
+@op(aten.native_batch_norm.default)
+def _native_batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        return _batch_norm_eval(x, weight, bias, running_mean, running_var, eps), _empty_stats(x), _empty_stats(x)
+    out, mean, invstd, _, _ = _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
+    return out, mean, invstd
+
+
+@op(aten.native_batch_norm_backward.default)
+def _native_batch_norm_backward(ctx, grad, x, weight, running_mean, running_var, save_mean, save_invstd,
+                                train, eps, output_mask):
+    acc = accumulate_dtype(x.dtype)
+    shape = _bn_shape(x)
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    if train:
+        mean, invstd = save_mean.astype(acc), save_invstd.astype(acc)
+    else:
+        mean, invstd = running_mean.astype(acc), lax.rsqrt(running_var.astype(acc) + eps)
+    g = grad.astype(acc)
+    xhat = (x.astype(acc) - mean.reshape(shape)) * invstd.reshape(shape)
+    w = weight.astype(acc) if weight is not None else jnp.ones_like(mean)
+    n = x.size // x.shape[1]
+    sum_g = jnp.sum(g, axis=axes)
+    sum_gx = jnp.sum(g * xhat, axis=axes)
+    if train:
+        dx = (w * invstd).reshape(shape) * (g - (sum_g / n).reshape(shape) - xhat * (sum_gx / n).reshape(shape))
+    else:
+        dx = g * (w * invstd).reshape(shape)
+    return (dx if output_mask[0] else None), (sum_gx if output_mask[1] else None), (sum_g if output_mask[2] else None)
+
+
+# --- group norm ------------------------------------------------------------------------------
+
+
+def _group_norm(x, weight, bias, n, c, hw, group, eps):
+    acc = accumulate_dtype(x.dtype)
+    xg = x.astype(acc).reshape(n, group, -1)
+    mean = jnp.mean(xg, axis=-1)
+    var = jnp.mean(jnp.square(xg - mean[..., None]), axis=-1)
+    rstd = lax.rsqrt(var + eps)
+    out = ((xg - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        out = out * weight.astype(acc).reshape(shape)
+    if bias is not None:
+        out = out + bias.astype(acc).reshape(shape)
+    return out.astype(x.dtype), mean, rstd
+
+
+@op(aten.native_group_norm.default)
+def _native_group_norm(ctx, x, weight, bias, n, c, hw, group, eps):
+    return _group_norm(x, weight, bias, n, c, hw, group, eps)
+
+
+@op(aten.native_group_norm_backward.default)
+def _native_group_norm_backward(ctx, grad, x, mean, rstd, weight, n, c, hw, group, output_mask):
+    acc = accumulate_dtype(x.dtype)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    g = grad.astype(acc)
+    w = weight.astype(acc).reshape(shape) if weight is not None else jnp.ones(shape, acc)
+    xg = x.astype(acc).reshape(n, group, -1)
+    xhat = (xg - mean[..., None]) * rstd[..., None]
+    gw = (g * w).reshape(n, group, -1)
+    dx = rstd[..., None] * (gw - jnp.mean(gw, axis=-1, keepdims=True)
+                            - xhat * jnp.mean(gw * xhat, axis=-1, keepdims=True))
+    reduce_axes = tuple(i for i in range(x.ndim) if i != 1)
+    dw = jnp.sum(g * xhat.reshape(x.shape), axis=reduce_axes)
+    db = jnp.sum(g, axis=reduce_axes)
+    return ((dx.reshape(x.shape) if output_mask[0] else None),
+            (dw if output_mask[1] and weight is not None else None),
+            (db if output_mask[2] else None))
+
+
+# --- embedding -------------------------------------------------------------------------------
+
+
+@op(aten.embedding.default)
+def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@op(aten.embedding_dense_backward.default)
+def _embedding_dense_backward(ctx, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    acc = accumulate_dtype(grad.dtype)
+    flat_idx = indices.reshape(-1)
+    flat_grad = grad.reshape(flat_idx.shape[0], -1).astype(acc)
+    if padding_idx >= 0:
+        flat_grad = jnp.where((flat_idx == padding_idx)[:, None], 0, flat_grad)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), acc).at[flat_idx].add(1)
+        flat_grad = flat_grad / counts[flat_idx][:, None]
+    return jnp.zeros((num_weights, flat_grad.shape[1]), acc).at[flat_idx].add(flat_grad)
+
+
+# --- activations' backward -------------------------------------------------------------------
+
+
+@op(aten.threshold_backward.default)
+def _threshold_backward(ctx, grad, x, threshold):
+    return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
+
+
+@op(aten.sigmoid_backward.default)
+def _sigmoid_backward(ctx, grad, out):
+    return grad * out * (1 - out)
+
+
+@op(aten.tanh_backward.default)
+def _tanh_backward(ctx, grad, out):
+    return grad * (1 - out * out)
+
+
+@op(aten.silu.default)
+def _silu(ctx, x):
+    acc = accumulate_dtype(x.dtype)
+    return jax.nn.silu(x.astype(acc))
+
+
+@op(aten.silu_backward.default)
+def _silu_backward(ctx, grad, x):
+    acc = accumulate_dtype(x.dtype)
+    x, grad = x.astype(acc), grad.astype(acc)
+    s = jax.nn.sigmoid(x)
+    return grad * s * (1 + x * (1 - s))

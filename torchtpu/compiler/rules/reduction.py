@@ -1,0 +1,217 @@
+"""Reductions: sum/mean/prod/amax/amin/any/all/var, arg-reductions, cumulative ops, softmax."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import torch
+
+from torchtpu.compiler.registry import op
+
+aten = torch.ops.aten
+
+_LOW_PRECISION = (jnp.bfloat16, jnp.float16)
+
+
+def axes(x, dim) -> tuple[int, ...] | None:
+    """torch's dim argument (None, int, or list; [] means all) as JAX axes."""
+    if dim is None:
+        return None
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    if not dims:
+        return None
+    return tuple(d % max(x.ndim, 1) for d in dims) if x.ndim else None
+
+
+def accumulate_dtype(out_dtype):
+    """Accumulate low-precision floats in float32, as torch does on CPU."""
+    return jnp.float32 if out_dtype in _LOW_PRECISION else out_dtype
+
+
+@op(aten.sum.dim_IntList, aten.sum.default)
+def _sum(ctx, x, dim=None, keepdim=False, *, dtype=None):
+    acc = accumulate_dtype(ctx.out_dtype)
+    return jnp.sum(x.astype(acc), axis=axes(x, dim), keepdims=keepdim)
+
+
+@op(aten.mean.dim, aten.mean.default)
+def _mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
+    acc = accumulate_dtype(ctx.out_dtype)
+    return jnp.mean(x.astype(acc), axis=axes(x, dim), keepdims=keepdim)
+
+
+@op(aten.prod.dim_int, aten.prod.default)
+def _prod(ctx, x, dim=None, keepdim=False, *, dtype=None):
+    acc = accumulate_dtype(ctx.out_dtype)
+    return jnp.prod(x.astype(acc), axis=axes(x, dim), keepdims=keepdim)
+
+
+def _nan_propagating(reduce):
+    """max/min that return NaN when any reduced element is NaN (torch semantics)."""
+
+    def fn(x, axis, keepdims):
+        out = reduce(x, axis=axis, keepdims=keepdims)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            out = jnp.where(jnp.any(jnp.isnan(x), axis=axis, keepdims=keepdims), jnp.nan, out)
+        return out
+
+    return fn
+
+
+_max = _nan_propagating(jnp.max)
+_min = _nan_propagating(jnp.min)
+
+
+@op(aten.amax.default)
+def _amax(ctx, x, dim=(), keepdim=False):
+    return _max(x, axes(x, dim), keepdim)
+
+
+@op(aten.amin.default)
+def _amin(ctx, x, dim=(), keepdim=False):
+    return _min(x, axes(x, dim), keepdim)
+
+
+@op(aten.max.default)
+def _max_all(ctx, x):
+    return _max(x, None, False)
+
+
+@op(aten.min.default)
+def _min_all(ctx, x):
+    return _min(x, None, False)
+
+
+def _arg(x, dim, keepdim, fn):
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int64)
+    if dim is None:
+        out = fn(x.reshape(-1), axis=0)
+        return out.reshape((1,) * x.ndim) if keepdim else out
+    return fn(x, axis=dim % x.ndim, keepdims=keepdim)
+
+
+@op(aten.argmax.default)
+def _argmax(ctx, x, dim=None, keepdim=False):
+    return _arg(x, dim, keepdim, jnp.argmax)
+
+
+@op(aten.argmin.default)
+def _argmin(ctx, x, dim=None, keepdim=False):
+    return _arg(x, dim, keepdim, jnp.argmin)
+
+
+@op(aten.max.dim)
+def _max_dim(ctx, x, dim, keepdim=False):
+    return _max(x, axes(x, dim), keepdim), _arg(x, dim, keepdim, jnp.argmax)
+
+
+@op(aten.min.dim)
+def _min_dim(ctx, x, dim, keepdim=False):
+    return _min(x, axes(x, dim), keepdim), _arg(x, dim, keepdim, jnp.argmin)
+
+
+@op(aten.any.default, aten.any.dim, aten.any.dims)
+def _any(ctx, x, dim=None, keepdim=False):
+    return jnp.any(x.astype(jnp.bool_), axis=axes(x, dim), keepdims=keepdim)
+
+
+@op(aten.all.default, aten.all.dim, aten.all.dims)
+def _all(ctx, x, dim=None, keepdim=False):
+    return jnp.all(x.astype(jnp.bool_), axis=axes(x, dim), keepdims=keepdim)
+
+
+@op(aten.var.correction, aten.var.dim)
+def _var(ctx, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    if ctx.node.target is aten.var.dim:
+        correction = 1 if unbiased in (None, True) else 0
+    correction = 1 if correction is None else correction
+    acc = accumulate_dtype(ctx.out_dtype)
+    return jnp.var(x.astype(acc), axis=axes(x, dim), ddof=correction, keepdims=keepdim)
+
+
+@op(aten.var_mean.correction)
+def _var_mean(ctx, x, dim=None, *, correction=None, keepdim=False):
+    correction = 1 if correction is None else correction
+    acc = accumulate_dtype(ctx.out_dtype)
+    x = x.astype(acc)
+    ax = axes(x, dim)
+    return jnp.var(x, axis=ax, ddof=correction, keepdims=keepdim), jnp.mean(x, axis=ax, keepdims=keepdim)
+
+
+@op(aten.cumsum.default)
+def _cumsum(ctx, x, dim, *, dtype=None):
+    acc = accumulate_dtype(ctx.out_dtype)
+    x = x.astype(acc)
+    return x if x.ndim == 0 else jnp.cumsum(x, axis=dim % x.ndim)
+
+
+@op(aten.cumprod.default)
+def _cumprod(ctx, x, dim, *, dtype=None):
+    acc = accumulate_dtype(ctx.out_dtype)
+    x = x.astype(acc)
+    return x if x.ndim == 0 else jnp.cumprod(x, axis=dim % x.ndim)
+
+
+def _cum_extreme(x, dim, reduce):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    dim = dim % x.ndim
+    values = reduce(x, axis=dim)
+    idx = lax.broadcasted_iota(jnp.int64, x.shape, dim)
+    # index of the last position where the running extreme was reached
+    hit = (x == values) | (jnp.isnan(x) if jnp.issubdtype(x.dtype, jnp.floating) else False)
+    indices = lax.cummax(jnp.where(hit, idx, 0), axis=dim)
+    return values, indices
+
+
+@op(aten.cummax.default)
+def _cummax(ctx, x, dim):
+    def reduce(v, axis):
+        if jnp.issubdtype(v.dtype, jnp.floating):
+            nan_seen = lax.cummax(jnp.isnan(v).astype(jnp.int8), axis=axis) > 0
+            return jnp.where(nan_seen, jnp.nan, lax.cummax(v, axis=axis))
+        return lax.cummax(v, axis=axis)
+    return _cum_extreme(x, dim, reduce)
+
+
+@op(aten.cummin.default)
+def _cummin(ctx, x, dim):
+    def reduce(v, axis):
+        if jnp.issubdtype(v.dtype, jnp.floating):
+            nan_seen = lax.cummax(jnp.isnan(v).astype(jnp.int8), axis=axis) > 0
+            return jnp.where(nan_seen, jnp.nan, lax.cummin(v, axis=axis))
+        return lax.cummin(v, axis=axis)
+    return _cum_extreme(x, dim, reduce)
+
+
+@op(aten.logsumexp.default)
+def _logsumexp(ctx, x, dim=(), keepdim=False):
+    acc = accumulate_dtype(ctx.out_dtype)
+    return jax.nn.logsumexp(x.astype(acc), axis=axes(x, dim), keepdims=keepdim)
+
+
+@op(aten._softmax.default)
+def _softmax(ctx, x, dim, half_to_float=False):
+    acc = accumulate_dtype(x.dtype)
+    return jax.nn.softmax(x.astype(acc), axis=dim % max(x.ndim, 1)) if x.ndim else jnp.ones_like(x)
+
+
+@op(aten._log_softmax.default)
+def _log_softmax(ctx, x, dim, half_to_float=False):
+    acc = accumulate_dtype(x.dtype)
+    return jax.nn.log_softmax(x.astype(acc), axis=dim % max(x.ndim, 1)) if x.ndim else jnp.zeros_like(x)
+
+
+@op(aten._softmax_backward_data.default)
+def _softmax_backward(ctx, grad, out, dim, input_dtype):
+    acc = accumulate_dtype(grad.dtype)
+    grad, out = grad.astype(acc), out.astype(acc)
+    return out * (grad - jnp.sum(grad * out, axis=dim, keepdims=True))
+
+
+@op(aten._log_softmax_backward_data.default)
+def _log_softmax_backward(ctx, grad, out, dim, input_dtype):
+    acc = accumulate_dtype(grad.dtype)
+    grad, out = grad.astype(acc), out.astype(acc)
+    return grad - jnp.exp(out) * jnp.sum(grad, axis=dim, keepdims=True)
