@@ -11,6 +11,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from torchtpu.compiler import dtypes, registry
 from torchtpu.compiler.context import LowerCtx, RngState
@@ -51,6 +52,8 @@ def _static_stride(val) -> tuple[int, ...] | None:
     """torch's output stride when it is concrete and differs from the contiguous one."""
     if not isinstance(val, torch.Tensor) or val.ndim < 2:
         return None
+    if not is_non_overlapping_and_dense_or_false(val):
+        return None  # expanded or gapped layouts: the values are what matters
     try:
         shape = tuple(int(s) for s in val.shape)
         stride = tuple(int(s) for s in val.stride())

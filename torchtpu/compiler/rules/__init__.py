@@ -1,12 +1,20 @@
 """Lowering rules, one module per op family. Importing this package registers them all."""
 from torchtpu.compiler.rules import (  # noqa: F401
     attention,
+    complex,
+    conv,
     creation,
     elementwise,
+    fft,
+    index,
     linalg,
     nn,
+    pool,
     random,
     reduction,
+    resample,
     scalar,
     shape,
+    sort,
+    special,
 )

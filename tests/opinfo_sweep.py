@@ -1,0 +1,173 @@
+"""The OpInfo conformance sweep: every OpInfo sample compiled with backend="tpu" vs eager.
+
+One OpInfo × dtype is a "case". A case passes when every sample tried matches eager
+(rtol 1.3e-4, atol 1e-4 for floats; exact for integers and bools). Samples that Dynamo +
+AOTAutograd cannot capture (backend="aot_eager" fails too) are not ours to pass: a case
+whose samples are all uncapturable is "uncapturable" and leaves the denominator.
+Random ops (two eager runs under different seeds differ) are checked by shape and dtype,
+plus moments for floating outputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch._dynamo
+from torch.utils import _pytree as pytree
+
+TABLE = Path(__file__).with_name("opinfo_expected_failures.json")
+DTYPES = {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool, "bfloat16": torch.bfloat16}
+MAX_SAMPLES = {"float32": 3, "int64": 2, "bool": 2, "bfloat16": 2}
+TOL = {torch.float32: (1.3e-4, 1e-4), torch.bfloat16: (1.6e-2, 1e-2), torch.float64: (1e-7, 1e-7)}
+
+
+def case_name(opinfo) -> str:
+    return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+
+
+def cases(dtype_name: str):
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    dtype = DTYPES[dtype_name]
+    return [o for o in op_db if dtype in o.supported_dtypes("cpu")]
+
+
+@dataclasses.dataclass
+class Result:
+    status: str  # "pass", "fail", "uncapturable"
+    detail: str = ""
+
+
+class _Uncapturable(Exception):
+    pass
+
+
+def _split(sample):
+    """Tensors of a sample become compiled inputs; everything else is closed over."""
+    tree = (sample.input, sample.args, sample.kwargs)
+    leaves, spec = pytree.tree_flatten(tree)
+    tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    tensors = [leaves[i] for i in tensor_positions]
+
+    def rebuild(*ts):
+        filled = list(leaves)
+        for i, t in zip(tensor_positions, ts):
+            filled[i] = t
+        return pytree.tree_unflatten(filled, spec)
+
+    return tensors, rebuild
+
+
+def _clone(tensors):
+    return [t.detach().clone() for t in tensors]
+
+
+def _run(opinfo, rebuild, tensors, backend=None):
+    def fn(*ts):
+        inp, args, kwargs = rebuild(*ts)
+        return opinfo.op(inp, *args, **kwargs)
+
+    if backend is None:
+        return fn(*tensors)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+    return compiled(*tensors)
+
+
+def _is_random(opinfo, rebuild, tensors) -> bool:
+    outs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        outs.append(pytree.tree_leaves(_run(opinfo, rebuild, _clone(tensors))))
+    for a, b in zip(*outs):
+        if isinstance(a, torch.Tensor) and a.shape == b.shape and not torch.equal(a, b):
+            if not (a.is_floating_point() and torch.isnan(a).any()):
+                return True
+    return False
+
+
+def compare(actual, expected, random: bool = False) -> None:
+    """Raises AssertionError unless `actual` matches `expected` (structure, dtype, values)."""
+    act, exp = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
+    assert len(act) == len(exp), f"{len(act)} outputs, eager has {len(exp)}"
+    for a, e in zip(act, exp):
+        if not isinstance(e, torch.Tensor):
+            if isinstance(e, float):
+                assert abs(a - e) <= 1e-4 + 1.3e-4 * abs(e), f"{a} != {e}"
+            else:
+                assert a == e, f"{a!r} != {e!r}"
+            continue
+        assert isinstance(a, torch.Tensor), f"got {type(a).__name__}, eager gives a tensor"
+        assert a.shape == e.shape, f"shape {tuple(a.shape)} != {tuple(e.shape)}"
+        assert a.dtype == e.dtype, f"dtype {a.dtype} != {e.dtype}"
+        if random:
+            if e.is_floating_point() and e.numel() >= 1000:
+                assert abs(a.double().mean() - e.double().mean()) < 0.1 * (e.double().std() + 1e-3) + 0.05
+            continue
+        rtol, atol = TOL.get(e.dtype, (0, 0))
+        if e.is_complex():
+            rtol, atol = TOL[torch.float32]
+        torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True, check_stride=False)
+
+
+def run_case(opinfo, dtype_name: str) -> Result:
+    dtype = DTYPES[dtype_name]
+    samples = opinfo.sample_inputs("cpu", dtype, requires_grad=False)
+    tried = passed = 0
+    failures = []
+    for sample in samples:
+        if tried >= MAX_SAMPLES[dtype_name]:
+            break
+        tensors, rebuild = _split(sample)
+        try:
+            torch.manual_seed(0)
+            expected = _run(opinfo, rebuild, _clone(tensors))
+        except Exception:  # noqa: BLE001 — eager rejects this sample: not a case
+            continue
+        tried += 1
+        try:
+            random = _is_random(opinfo, rebuild, tensors)
+            torch.manual_seed(0)
+            actual = _run(opinfo, rebuild, _clone(tensors), backend="tpu")
+            compare(actual, expected, random)
+            passed += 1
+        except Exception as exc:  # noqa: BLE001 — classify below
+            if not _captures(opinfo, rebuild, tensors):
+                tried -= 1
+                continue
+            failures.append(f"{type(exc).__name__}: {_first_line(exc)}")
+    if tried == 0:
+        return Result("uncapturable", "no sample that eager and aot_eager both run")
+    if failures:
+        return Result("fail", failures[0][:300])
+    return Result("pass")
+
+
+def _captures(opinfo, rebuild, tensors) -> bool:
+    try:
+        _run(opinfo, rebuild, _clone(tensors), backend="aot_eager")
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip()
+    for marker in ("LoweringError:", "raised:\n"):
+        if marker in text:
+            text = text.split(marker, 1)[1].strip()
+    return text.splitlines()[0] if text else ""
+
+
+def load_table() -> dict[str, dict[str, str]]:
+    if TABLE.exists():
+        return json.loads(TABLE.read_text())
+    return {}
+
+
+def regenerating() -> bool:
+    """TORCHTPU_OPINFO_REGEN=1 rewrites the expected-failure table from this run."""
+    return os.environ.get("TORCHTPU_OPINFO_REGEN") == "1"

@@ -1,0 +1,2 @@
+"""complex rules."""
+from __future__ import annotations

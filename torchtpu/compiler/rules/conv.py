@@ -1,0 +1,2 @@
+"""conv rules."""
+from __future__ import annotations

@@ -1,0 +1,2 @@
+"""fft rules."""
+from __future__ import annotations

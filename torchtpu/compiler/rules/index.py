@@ -1,0 +1,2 @@
+"""index rules."""
+from __future__ import annotations

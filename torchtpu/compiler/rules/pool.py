@@ -1,0 +1,2 @@
+"""pool rules."""
+from __future__ import annotations

@@ -1,0 +1,2 @@
+"""resample rules."""
+from __future__ import annotations

@@ -1,0 +1,2 @@
+"""sort rules."""
+from __future__ import annotations

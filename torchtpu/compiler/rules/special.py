@@ -1,0 +1,2 @@
+"""special rules."""
+from __future__ import annotations
