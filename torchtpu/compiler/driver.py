@@ -6,6 +6,7 @@ import time
 
 import jax
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torchtpu import counters, events
 from torchtpu.compiler import dump
@@ -59,5 +60,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
 
     runner = CompiledGraph(build, name)
     if is_static(example_inputs):
-        runner.executable_for(spec_of(example_inputs))
+        with unset_fake_temporarily():  # AOTAutograd calls us under its fake mode
+            runner.executable_for(spec_of(example_inputs))
     return runner

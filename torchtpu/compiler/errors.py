@@ -36,7 +36,7 @@ def write_reproducer(gm: torch.fx.GraphModule, example_inputs, reason: str, dump
                     gm.print_readable(print_output=False), count=1, flags=re.M)
     specs = [_spec(x) for x in example_inputs]
     digest = hashlib.sha256((source + repr(specs)).encode()).hexdigest()[:12]
-    folder = Path(dump_dir or os.environ.get("TORCHTPU_DUMP_DIR") or Path(tempfile.gettempdir()) / "torchtpu")
+    folder = Path(dump_dir or os.environ.get("TORCHTPU_DUMP_DIR") or Path(tempfile.gettempdir()) / "torchtpu-repro")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"repro_{digest}.py"
     reason_lines = "\n".join("# " + line for line in reason.splitlines())
