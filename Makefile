@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q $(PIP_PKGS)
-	$(VPY) -m pip install -q --no-deps -e .
+	$(VPY) -m pip install -q --no-deps -e . --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,5 +1,6 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-os.environ.setdefault("TORCHTPU_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "torchtpu"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # the repository root, for benchmarks.models

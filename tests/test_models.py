@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-import models
+from benchmarks import models
 from helpers import assert_close_tree, compile_tpu, grads_of
 
 

@@ -22,9 +22,17 @@ DECOMPOSED_CORE = [
 EXTRA = [
 ]
 
+# Ops torch would decompose that we lower directly: the decomposition is wrong for a static
+# program (take's reads a 0-d index with .item()) or slower than one XLA op.
+LOWERED_DIRECTLY = [
+    aten.take.default,
+]
+
 
 @functools.cache
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(DECOMPOSED_CORE + EXTRA))
+    for op in LOWERED_DIRECTLY:
+        table.pop(op, None)
     return table

@@ -76,6 +76,8 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
     if len(placeholders) != len(spec):
         raise ValueError(f"graph has {len(placeholders)} inputs, signature has {len(spec)}")
     tensor_inputs = [i for i, s in enumerate(spec) if isinstance(s, TensorSpec)]
+    if platform == "tpu":
+        _refuse_float64(gm, spec)
     rng = uses_rng(gm)
     outputs: list[OutputSlot] = []
     sharding = jax.sharding.SingleDeviceSharding(device) if device is not None else None
@@ -114,6 +116,16 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
         return tuple(results)
 
     return JaxProgram(fn, tensor_inputs, rng, outputs, avals)
+
+
+def _refuse_float64(gm, spec):
+    """TPUs have no float64: say where it comes from rather than silently computing in float32."""
+    for node in gm.graph.nodes:
+        vals = node.meta.get("val")
+        vals = vals if isinstance(vals, (tuple, list)) else [vals]
+        if any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for v in vals):
+            raise _error("float64 is not supported on TPU; cast the model and inputs to float32 "
+                         "(or bfloat16) before compiling", node, gm, spec, None)
 
 
 def _flat_outputs(node, env):
@@ -194,7 +206,7 @@ def _error(message: str, node, gm, spec, ctx) -> LoweringError:
     detail = f"{message}\n  FX node: {node.format_node()}\n  user source: {source}"
     if gm is not None:
         inputs = [_example(s) for s in spec] if spec is not None else []
-        path = write_reproducer(gm, inputs, detail, getattr(ctx.options, "dump_dir", None))
+        path = write_reproducer(gm, inputs, detail, getattr(getattr(ctx, "options", None), "dump_dir", None))
         detail += f"\n  reproducer: {path}"
     return LoweringError(detail)
 

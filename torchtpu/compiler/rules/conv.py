@@ -1,2 +1,92 @@
-"""conv rules."""
+"""Convolutions (1d/2d/3d, grouped, dilated, transposed) as lax.conv_general_dilated.
+
+The backward op is the VJP of the forward rule, so the two can never disagree.
+"""
 from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import torch
+
+from torchtpu.compiler.registry import op
+from torchtpu.compiler.rules.linalg import precision
+from torchtpu.compiler.rules.reduction import accumulate_dtype
+
+aten = torch.ops.aten
+
+
+def _expand(value, n):
+    value = list(value) if isinstance(value, (list, tuple)) else [value]
+    return value * n if len(value) == 1 else value
+
+
+def _dimension_numbers(nd):
+    spatial = "DHW"[3 - nd:] if nd <= 3 else None
+    if spatial is None:
+        raise NotImplementedError(f"{nd}-d convolution")
+    return lax.conv_dimension_numbers(
+        (1, 1) + (1,) * nd, (1, 1) + (1,) * nd,
+        ("NC" + spatial, "OI" + spatial, "NC" + spatial))
+
+
+def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    """torch's convolution (no bias), computed in x's dtype with float32 accumulation."""
+    nd = x.ndim - 2
+    stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
+    output_padding = _expand(output_padding or 0, nd)
+    acc = accumulate_dtype(x.dtype)
+    integer = not jnp.issubdtype(x.dtype, jnp.inexact)
+    kw = {} if integer else dict(precision=precision(), preferred_element_type=acc)
+    dn = _dimension_numbers(nd)
+    if not transposed:
+        return lax.conv_general_dilated(
+            x, w, window_strides=stride, padding=[(p, p) for p in padding],
+            rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups, **kw)
+    # Transposed: a stride-1 convolution over the input dilated by `stride`, with the
+    # kernel flipped and its in/out channels swapped within each group.
+    cin, cout_g = w.shape[0], w.shape[1]
+    k = w.shape[2:]
+    w = w.reshape((groups, cin // groups, cout_g) + k)
+    w = jnp.swapaxes(w, 1, 2).reshape((groups * cout_g, cin // groups) + k)
+    w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op_)
+            for kk, p, d, op_ in zip(k, padding, dilation, output_padding)]
+    return lax.conv_general_dilated(
+        x, w, window_strides=(1,) * nd, padding=pads, lhs_dilation=stride,
+        rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups, **kw)
+
+
+def _add_bias(out, bias):
+    if bias is None:
+        return out
+    return out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
+
+
+@op(aten.convolution.default)
+def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups), bias)
+
+
+@op(aten._convolution.default)
+def _convolution_full(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
+                      benchmark=False, deterministic=False, cudnn_enabled=True, allow_tf32=True):
+    return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups), bias)
+
+
+@op(aten.convolution_backward.default)
+def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation, transposed,
+                          output_padding, groups, output_mask):
+    acc = accumulate_dtype(grad.dtype)
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0] or output_mask[1]:
+        def forward(x_, w_):
+            return conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups).astype(acc)
+
+        _, vjp = jax.vjp(forward, x.astype(acc) if acc != x.dtype else x, w.astype(acc) if acc != w.dtype else w)
+        grad_input, grad_weight = vjp(grad.astype(acc))
+        grad_input = grad_input if output_mask[0] else None
+        grad_weight = grad_weight if output_mask[1] else None
+    if output_mask[2]:
+        grad_bias = jnp.sum(grad.astype(acc), axis=(0,) + tuple(range(2, grad.ndim)))
+    return grad_input, grad_weight, grad_bias

@@ -172,6 +172,13 @@ for _targets, _fn, _kind in _BINARY:
     op(*_targets)(_binary(_fn, _kind))
 
 
+@op(aten.atan2.out)
+def _atan2_out(ctx, a, b, *, out=None):
+    # An out= overload in the core set; functional graphs return the value instead.
+    compute, _ = ctx.promote(PROMOTE.INT_TO_FLOAT, args=ctx.node.args[:2])
+    return jnp.arctan2(as_dtype(a, compute), as_dtype(b, compute))
+
+
 @op(aten.where.self)
 def _where(ctx, cond, a, b):
     compute, _ = ctx.promote(PROMOTE.NO_OPMATH, args=ctx.node.args[1:])

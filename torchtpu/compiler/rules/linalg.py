@@ -5,6 +5,8 @@ import jax.numpy as jnp
 from jax import lax
 import torch
 
+from torchtpu.compiler import dtypes
+from torchtpu.compiler.context import PROMOTE, as_dtype
 from torchtpu.compiler.rules.reduction import accumulate_dtype
 from torchtpu.compiler.registry import op
 
@@ -57,3 +59,89 @@ def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
 @op(aten.addbmm.default)
 def _addbmm(ctx, bias, a, b, *, beta=1, alpha=1):
     return _scaled_add(ctx, bias, jnp.sum(matmul(a, b, ctx.out_dtype), axis=0), beta, alpha)
+
+
+# --- norms and distances ------------------------------------------------------------------
+
+
+def _norm_compute_dtype(x, dtype=None):
+    """torch's vector_norm computes in float32 for low-precision floats, in x's dtype otherwise."""
+    if dtype is not None:
+        x = x.astype(dtypes.to_jax(dtype))
+    if x.dtype in (jnp.bfloat16, jnp.float16):
+        x = x.astype(jnp.float32)
+    elif not jnp.issubdtype(x.dtype, jnp.inexact):
+        x = x.astype(jnp.float32)
+    return x
+
+
+def vector_norm(x, ord, axis, keepdims):
+    """sum(|x|^ord)^(1/ord) with torch's special cases (0: count, +-inf: max/min of |x|)."""
+    ax = jnp.abs(x)
+    if ord == float("inf"):
+        return jnp.max(ax, axis=axis, keepdims=keepdims)
+    if ord == float("-inf"):
+        return jnp.min(ax, axis=axis, keepdims=keepdims)
+    if ord == 0:
+        return jnp.sum((ax != 0).astype(ax.dtype), axis=axis, keepdims=keepdims)
+    if ord == 1:
+        return jnp.sum(ax, axis=axis, keepdims=keepdims)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(ax * ax, axis=axis, keepdims=keepdims))
+    return jnp.sum(ax ** ord, axis=axis, keepdims=keepdims) ** (1.0 / ord)
+
+
+@op(aten.linalg_vector_norm.default)
+def _linalg_vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    x = _norm_compute_dtype(x, dtype)
+    if dim is not None and not isinstance(dim, (list, tuple)):
+        dim = [dim]
+    axis = None if dim is None or len(dim) == 0 else tuple(d % max(x.ndim, 1) for d in dim)
+    if x.ndim == 0:
+        axis = None
+    return vector_norm(x, float(ord), axis, keepdim)
+
+
+@op(aten.linalg_cross.default)
+def _linalg_cross(ctx, a, b, *, dim=-1):
+    compute, _ = ctx.promote(PROMOTE.DEFAULT, args=ctx.node.args[:2])
+    a, b = as_dtype(a, compute), as_dtype(b, compute)
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
+    dim = dim % len(shape)
+    a0, a1, a2 = (lax.index_in_dim(a, i, dim, keepdims=True) for i in range(3))
+    b0, b1, b2 = (lax.index_in_dim(b, i, dim, keepdims=True) for i in range(3))
+    return jnp.concatenate([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=dim)
+
+
+def _pairwise(diff, p):
+    return vector_norm(diff, float(p), -1, False)
+
+
+@op(aten._cdist_forward.default)
+def _cdist_forward(ctx, x1, x2, p, compute_mode=None):
+    out_dtype = ctx.out_dtype
+    x1, x2 = x1.astype(out_dtype), x2.astype(out_dtype)
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:])
+    x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:])
+    r1, r2 = x1.shape[-2], x2.shape[-2]
+    # torch: mode 0 (None) uses the matmul form when either side has more than 25 rows
+    use_mm = p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and (r1 > 25 or r2 > 25)))
+    if use_mm:
+        n1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+        n2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+        a = jnp.concatenate([-2 * x1, n1, jnp.ones_like(n1)], axis=-1)
+        b = jnp.concatenate([x2, jnp.ones_like(n2), n2], axis=-1)
+        d2 = jnp.matmul(a, jnp.swapaxes(b, -1, -2), precision=lax.Precision.HIGHEST)
+        return jnp.sqrt(jnp.maximum(d2, 0))
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    return _pairwise(diff, p)
+
+
+@op(aten._pdist_forward.default)
+def _pdist_forward(ctx, x, p=2):
+    x = x.astype(ctx.out_dtype)
+    n = x.shape[0]
+    i, j = jnp.triu_indices(n, 1)
+    return _pairwise(x[i] - x[j], p)

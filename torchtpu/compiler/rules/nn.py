@@ -250,3 +250,35 @@ def _silu_backward(ctx, grad, x):
     x, grad = x.astype(acc), grad.astype(acc)
     s = jax.nn.sigmoid(x)
     return grad * s * (1 + x * (1 - s))
+
+
+@op(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(ctx, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """mode 0 = sum, 1 = mean, 2 = max; returns (output, offset2bag, bag_size, max_indices)."""
+    acc = accumulate_dtype(weight.dtype)
+    n = indices.shape[0]
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    positions = jnp.arange(n)
+    # bag of each index: the number of offsets <= its position, minus one
+    offset2bag = jnp.clip(jnp.searchsorted(offsets[:bags], positions, side="right") - 1, 0, max(bags - 1, 0))
+    keep = indices != padding_idx if padding_idx >= 0 else jnp.ones((n,), jnp.bool_)
+    rows = jnp.take(weight, indices, axis=0).astype(acc)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.astype(acc)[:, None]
+    counts = jnp.zeros((bags,), jnp.int64).at[offset2bag].add(keep.astype(jnp.int64))
+    if mode == 2:
+        masked = jnp.where(keep[:, None], rows, -jnp.inf)
+        out = jnp.full((bags, weight.shape[1]), -jnp.inf, acc).at[offset2bag].max(masked)
+        out = jnp.where(counts[:, None] > 0, out, 0)
+        is_max = (masked == out[offset2bag]) & keep[:, None]
+        cand = jnp.where(is_max, indices[:, None], jnp.iinfo(jnp.int64).max)
+        max_idx = jnp.full((bags, weight.shape[1]), jnp.iinfo(jnp.int64).max, jnp.int64).at[offset2bag].min(cand)
+        max_idx = jnp.where(counts[:, None] > 0, max_idx, -1 if padding_idx >= 0 else 0)
+    else:
+        out = jnp.zeros((bags, weight.shape[1]), acc).at[offset2bag].add(jnp.where(keep[:, None], rows, 0))
+        if mode == 1:
+            out = out / jnp.maximum(counts, 1).astype(acc)[:, None]
+        max_idx = jnp.zeros((bags,), jnp.int64)
+    bag_size = counts if mode != 0 else jnp.zeros((bags,), jnp.int64)
+    return out.astype(weight.dtype), offset2bag.astype(jnp.int64), bag_size, max_idx

@@ -186,11 +186,7 @@ def _as_strided(ctx, x, size, stride, storage_offset=None):
     # Gather from the flattened (contiguous) input: the functional meaning of as_strided
     # over a base tensor, which is what AOTAutograd passes here.
     flat = jnp.reshape(x, (-1,))
-    index = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
-    for d, (n, s) in enumerate(zip(size, stride)):
-        shape = [1] * len(size)
-        shape[d] = n
-        index = index + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    index = _strided_index(size, stride, storage_offset)
     return flat[jnp.asarray(index)] if flat.shape[0] else jnp.zeros(tuple(size), x.dtype)
 
 
@@ -209,3 +205,30 @@ def _roll(ctx, x, shifts, dims=()):
     if not dims:
         return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
     return jnp.roll(x, tuple(shifts), tuple(norm_dim(d, x.ndim) for d in dims))
+
+
+@op(aten.diagonal_scatter.default)
+def _diagonal_scatter(ctx, x, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = norm_dim(dim1, x.ndim), norm_dim(dim2, x.ndim)
+    n = src.shape[-1]
+    i = jnp.arange(n)
+    rows, cols = (i, i + offset) if offset >= 0 else (i - offset, i)
+    moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    moved = moved.at[..., rows, cols].set(src.astype(x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+@op(aten.as_strided_scatter.default)
+def _as_strided_scatter(ctx, x, src, size, stride, storage_offset=None):
+    flat = jnp.reshape(x, (-1,))
+    index = _strided_index(size, stride, storage_offset)
+    return flat.at[jnp.asarray(index).reshape(-1)].set(src.astype(x.dtype).reshape(-1)).reshape(x.shape)
+
+
+def _strided_index(size, stride, storage_offset):
+    index = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        index = index + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    return index

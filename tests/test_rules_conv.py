@@ -1,0 +1,110 @@
+"""Convolution, pooling and grid sampling: forward values and gradients against eager."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import assert_close_tree, assert_matches_eager, compile_tpu
+
+
+def _forward_and_grads(module, x, compiled):
+    """Output, d(loss)/d(input) and parameter grads of a weighted-sum loss."""
+    module.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    out = (module if compiled is None else compiled)(x)
+    weights = torch.linspace(-1.0, 2.0, out.numel()).reshape(out.shape)
+    (out * weights).sum().backward()
+    grads = {n: p.grad.detach().clone() for n, p in module.named_parameters()}
+    return out.detach(), x.grad.detach().clone(), grads
+
+
+def _check_module(module, x, rtol=1.3e-4, atol=1e-4):
+    expected = _forward_and_grads(module, x, None)
+    actual = _forward_and_grads(module, x, compile_tpu(module))
+    assert_close_tree(actual, expected, rtol=rtol, atol=atol)
+    # The gradient really flows (not all zero), so the comparison means something.
+    assert expected[1].abs().sum() > 0
+    return actual
+
+
+CASES = {
+    "conv2d_strided_padded_grouped": (
+        lambda: torch.nn.Conv2d(6, 9, kernel_size=(3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=3),
+        (2, 6, 11, 9)),
+    "conv_transpose2d": (
+        lambda: torch.nn.ConvTranspose2d(4, 6, kernel_size=3, stride=2, padding=1, output_padding=1, groups=2),
+        (2, 4, 5, 7)),
+    "conv1d": (lambda: torch.nn.Conv1d(3, 5, kernel_size=4, stride=3, padding=2), (2, 3, 17)),
+    "conv3d": (lambda: torch.nn.Conv3d(2, 4, kernel_size=2, stride=(1, 2, 2), padding=1), (1, 2, 5, 6, 7)),
+    "max_pool2d": (lambda: torch.nn.MaxPool2d(3, stride=2, padding=1), (2, 3, 9, 10)),
+    "max_pool2d_ceil_dilated": (lambda: torch.nn.MaxPool2d(2, stride=2, dilation=2, ceil_mode=True), (2, 3, 9, 10)),
+    "max_pool3d": (lambda: torch.nn.MaxPool3d(2, stride=2, padding=1), (1, 2, 5, 6, 7)),
+    "avg_pool2d_ceil": (lambda: torch.nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True), (2, 3, 10, 9)),
+    "avg_pool2d_no_pad_count": (
+        lambda: torch.nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False), (2, 3, 10, 9)),
+    "avg_pool2d_divisor": (lambda: torch.nn.AvgPool2d(2, stride=1, divisor_override=3), (2, 3, 6, 5)),
+    "avg_pool3d_ceil": (lambda: torch.nn.AvgPool3d(2, stride=2, ceil_mode=True), (1, 2, 5, 6, 7)),
+    "adaptive_avg_pool2d": (lambda: torch.nn.AdaptiveAvgPool2d((3, 4)), (2, 3, 7, 10)),
+    "adaptive_avg_pool3d": (lambda: torch.nn.AdaptiveAvgPool3d((2, 3, 4)), (1, 2, 5, 7, 9)),
+    "adaptive_max_pool2d": (lambda: torch.nn.AdaptiveMaxPool2d((3, 4)), (2, 3, 7, 10)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_forward_and_grads(name):
+    torch.manual_seed(0)
+    make, shape = CASES[name]
+    _check_module(make(), torch.randn(shape))
+
+
+def test_max_pool_indices_and_ties():
+    # Ties pick the first maximum in window order; indices are flat positions in the plane.
+    x = torch.tensor([[[[1.0, 3.0, 3.0, 0.0, 2.0],
+                        [3.0, 1.0, 0.0, 2.0, 2.0],
+                        [0.0, 0.0, 5.0, 5.0, 1.0],
+                        [-1.0, 4.0, 5.0, 0.0, 7.0]]]])
+    fn = lambda t: F.max_pool2d(t, 2, stride=2, padding=1, ceil_mode=True, return_indices=True)  # noqa: E731
+    out, idx = assert_matches_eager(fn, x)
+    assert idx.dtype == torch.int64
+    torch.testing.assert_close(idx, fn(x)[1], rtol=0, atol=0)
+
+
+def test_adaptive_avg_pool_exact_bins():
+    # 7 -> 3 bins: [0,3), [2,5), [4,7); every output is the mean of its own bin.
+    x = torch.arange(7.0).reshape(1, 1, 1, 7)
+    out = assert_matches_eager(lambda t: F.adaptive_avg_pool2d(t, (1, 3)), x)
+    torch.testing.assert_close(out.flatten(), torch.tensor([1.0, 3.0, 5.0]))
+
+
+def test_adaptive_avg_pool_ignores_inf_outside_bin():
+    x = torch.zeros(1, 1, 1, 6)
+    x[..., 5] = float("inf")
+    out = assert_matches_eager(lambda t: F.adaptive_avg_pool2d(t, (1, 4)), x)
+    assert torch.isfinite(out[..., :3]).all()
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_forward_and_grads(mode, padding_mode, align_corners):
+    torch.manual_seed(0)
+
+    def fn(x, grid):
+        return F.grid_sample(x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+
+    def run(f):
+        x = torch.randn(2, 3, 5, 7, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        grid = (torch.rand(2, 4, 6, 2, generator=torch.Generator().manual_seed(2)) * 2.6 - 1.3).requires_grad_(True)
+        out = f(x, grid)
+        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+        return out.detach(), x.grad, grid.grad
+
+    assert_close_tree(run(compile_tpu(fn)), run(fn), rtol=1e-4, atol=5e-5)
+
+
+def test_conv_bfloat16():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 8, 3, padding=1).to(torch.bfloat16)
+    x = torch.randn(2, 4, 8, 8, dtype=torch.bfloat16)
+    assert_matches_eager(conv, x, rtol=1.6e-2, atol=1e-2)
