@@ -41,11 +41,12 @@ class LowerCtx:
     platform: str
     options: Any
     rng: RngState
+    meta_val: Any = None  # overrides node.meta["val"] (an effectful op's own outputs)
 
     # --- output metadata -------------------------------------------------------------
     @property
     def val(self):
-        return self.node.meta.get("val")
+        return self.meta_val if self.meta_val is not None else self.node.meta.get("val")
 
     @property
     def out_dtype(self):

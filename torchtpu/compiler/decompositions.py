@@ -20,6 +20,7 @@ DECOMPOSED_CORE = [
 # Non-core ops that survive core_aten_decompositions in real graphs and that torch can
 # decompose further.
 EXTRA = [
+    aten.unfold.default,  # Tensor.unfold: a sliding-window view, torch lowers it to as_strided
 ]
 
 # Ops torch would decompose that we lower directly: the decomposition is wrong for a static

@@ -158,6 +158,8 @@ def lower_node(node: torch.fx.Node, env: dict, ctx: LowerCtx, gm=None, spec=None
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
     target = node.target
+    if target is torch.ops.higher_order.with_effects:
+        return _lower_effectful(node, args, kwargs, ctx, gm, spec)
     if not isinstance(target, torch._ops.OpOverload):
         # Python-level glue: getitem on multi-output ops, and SymInt arithmetic, which is
         # concrete here.
@@ -172,6 +174,24 @@ def lower_node(node: torch.fx.Node, env: dict, ctx: LowerCtx, gm=None, spec=None
     except Exception as exc:  # noqa: BLE001 — every rule failure is reported the same way
         raise _error(f"lowering {target} failed: {type(exc).__name__}: {exc}", node, gm, spec, ctx) from exc
     return _check_output(out, node, gm, spec, ctx)
+
+
+def _lower_effectful(node, args, kwargs, ctx, gm, spec):
+    """with_effects(token, op, *args): ops with side effects (error checks) ordered by a token.
+
+    A compiled program has no side effects to order, so the token passes through and the
+    op lowers like any other."""
+    token, target, *rest = args
+    rule = registry.lookup(target)
+    if rule is None:
+        raise _error(f"no lowering for {target}", node, gm, spec, ctx)
+    val = node.meta.get("val")
+    inner = dataclasses.replace(ctx, meta_val=tuple(val[1:]) if len(val) > 2 else val[1])
+    try:
+        out = rule(inner, *rest, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        raise _error(f"lowering {target} failed: {type(exc).__name__}: {exc}", node, gm, spec, ctx) from exc
+    return (token, *out) if isinstance(out, tuple) else (token, out)
 
 
 def _check_output(out, node, gm, spec, ctx):

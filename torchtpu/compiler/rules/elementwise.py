@@ -25,6 +25,11 @@ def _unary(fn, kind=PROMOTE.INT_TO_FLOAT):
     return rule
 
 
+def _digamma(x):
+    # torch: digamma(±0) = ∓inf (the pole's side), where XLA gives NaN
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), lax.digamma(x))
+
+
 _FLOAT_UNARY = {
     "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
     "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
@@ -32,7 +37,7 @@ _FLOAT_UNARY = {
     "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log10": jnp.log10,
     "log1p": jnp.log1p, "log2": jnp.log2, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
     "erf": lax.erf, "erfc": lax.erfc, "erfinv": lax.erf_inv, "sigmoid": jax.nn.sigmoid,
-    "reciprocal": lambda x: 1 / x, "lgamma": lax.lgamma, "digamma": lax.digamma,
+    "reciprocal": lambda x: 1 / x, "lgamma": lax.lgamma, "digamma": _digamma,
     "sinc": jnp.sinc, "i0": jnp.i0,
 }
 for _name, _fn in _FLOAT_UNARY.items():

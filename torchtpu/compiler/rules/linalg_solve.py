@@ -384,10 +384,8 @@ def _matrix_exp(ctx, a):
     a = _float(ctx, a)
     if a.shape[-1] == 0:
         return a
-    if a.dtype in (jnp.float32, jnp.complex64) and ctx.platform != "tpu":
-        # float32 Pade/squaring loses ~1e-4 on badly scaled inputs; torch's float32 result
-        # is closer to the float64 one (float64 is native off TPU)
-        a = a.astype(jnp.float64 if a.dtype == jnp.float32 else jnp.complex128)
+    if a.dtype in (jnp.bfloat16, jnp.float16):
+        a = a.astype(jnp.float32)  # expm has no low-precision kernel; torch's opmath is float32
     flat = a.reshape((-1,) + a.shape[-2:])
     out = jax.vmap(lambda m: jsl.expm(m))(flat) if flat.shape[0] else flat
     return out.reshape(a.shape)
