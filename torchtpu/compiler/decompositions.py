@@ -15,6 +15,8 @@ aten = torch.ops.aten
 
 # Core ATen ops whose torch decomposition we use instead of a rule of our own.
 DECOMPOSED_CORE = [
+    aten.upsample_bilinear2d.vec,  # -> index arithmetic + lerp, which XLA fuses
+    aten.upsample_nearest2d.vec,  # -> a gather of computed source indices
 ]
 
 # Non-core ops that survive core_aten_decompositions in real graphs and that torch can
