@@ -23,6 +23,10 @@ DECOMPOSED_CORE = [
 # decompose further.
 EXTRA = [
     aten.unfold.default,  # Tensor.unfold: a sliding-window view, torch lowers it to as_strided
+    aten.narrow_copy.default,
+    aten.dist.default,
+    aten.new_empty_strided.default,
+    aten._batch_norm_with_update_functional.default,
 ]
 
 # Ops torch would decompose that we lower directly: the decomposition is wrong for a static

@@ -12,6 +12,7 @@ from torchtpu.compiler.rules import (  # noqa: F401
     linalg_solve,
     nn,
     pool,
+    prims,
     random,
     reduction,
     resample,

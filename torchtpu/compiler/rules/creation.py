@@ -1,6 +1,8 @@
 """Tensor creation: full, empty, arange, scalar_tensor, fill."""
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import torch
 
@@ -63,8 +65,14 @@ def _arange(ctx, *args, dtype=None, layout=None, device=None, pin_memory=None):
         start, end, step = 0, args[0], 1
     else:
         start, end, step = (list(args) + [1])[:3]
-    n = int(ctx.val.shape[0])
+    size = ctx.val.shape[0]  # symbolic in dynamic graphs: its hint is not this program's size
+    n = size if isinstance(size, int) else max(0, math.ceil((end - start) / step))
     out = ctx.out_dtype
     if jnp.issubdtype(out, jnp.floating):
         return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(out)
     return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(out)
+
+
+@op(aten.empty_permuted.default)
+def _empty_permuted(ctx, size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), ctx.out_dtype)

@@ -70,6 +70,11 @@ def _round_decimals(ctx, x, *, decimals=0):
     return jnp.round(x * scale) / scale
 
 
+@op(aten.signbit.default)
+def _signbit(ctx, x):
+    return jnp.signbit(x) if jnp.issubdtype(x.dtype, jnp.floating) else x < 0
+
+
 @op(aten.isnan.default)
 def _isnan(ctx, x):
     return jnp.isnan(x) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros(x.shape, jnp.bool_)

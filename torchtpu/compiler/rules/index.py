@@ -194,3 +194,21 @@ def _masked_scatter(ctx, x, mask, source):
     picked = jnp.take(source, jnp.clip(pos, 0, max(source.size - 1, 0)), mode="clip") if source.size \
         else jnp.zeros(flat.shape, x.dtype)
     return jnp.where(flat, picked, x.reshape(-1)).reshape(shape)
+
+
+@op(aten.put.default)
+def _put(ctx, x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    idx = index.reshape(-1)
+    idx = jnp.where(idx < 0, idx + flat.shape[0], idx)
+    src = source.reshape(-1).astype(x.dtype)
+    out = flat.at[idx].add(src) if accumulate else flat.at[idx].set(src)
+    return out.reshape(x.shape)
+
+
+@op(aten.nonzero_static.default)
+def _nonzero_static(ctx, x, *, size, fill_value=-1):
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    coords = jnp.nonzero(x, size=size, fill_value=fill_value)
+    return jnp.stack(coords, axis=-1).astype(jnp.int64) if coords else jnp.zeros((size, 0), jnp.int64)

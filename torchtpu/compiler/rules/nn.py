@@ -280,5 +280,7 @@ def _embedding_bag(ctx, weight, indices, offsets, scale_grad_by_freq=False, mode
         if mode == 1:
             out = out / jnp.maximum(counts, 1).astype(acc)[:, None]
         max_idx = jnp.zeros((bags,), jnp.int64)
-    bag_size = counts if mode != 0 else jnp.zeros((bags,), jnp.int64)
-    return out.astype(weight.dtype), offset2bag.astype(jnp.int64), bag_size, max_idx
+    outs = (out.astype(weight.dtype), offset2bag.astype(jnp.int64), counts, max_idx)
+    # torch leaves some of these empty depending on the mode; follow its shapes
+    return tuple(o if tuple(o.shape) == tuple(v.shape) else jnp.zeros(tuple(v.shape), o.dtype)
+                 for o, v in zip(outs, ctx.val))

@@ -215,3 +215,23 @@ def _log_softmax_backward(ctx, grad, out, dim, input_dtype):
     acc = accumulate_dtype(grad.dtype)
     grad, out = grad.astype(acc), out.astype(acc)
     return grad - jnp.exp(out) * jnp.sum(grad, axis=dim, keepdims=True)
+
+
+@op(aten.logcumsumexp.default)
+def _logcumsumexp(ctx, x, dim):
+    acc = accumulate_dtype(ctx.out_dtype)
+    x = x.astype(acc)
+    return x if x.ndim == 0 else lax.cumlogsumexp(x, axis=dim % x.ndim)
+
+
+@op(aten.histc.default)
+def _histc(ctx, x, bins=100, min=0, max=0):
+    x = x.reshape(-1).astype(accumulate_dtype(ctx.out_dtype))
+    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    if min == max:  # torch: use the data's range (widened by one when it is a single value)
+        lo, hi = (jnp.min(x), jnp.max(x)) if x.size else (lo, hi)
+        lo, hi = jnp.where(lo == hi, lo - 1, lo), jnp.where(lo == hi, hi + 1, hi)
+    inside = (x >= lo) & (x <= hi)
+    index = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
+    index = jnp.clip(index, 0, bins - 1)
+    return jnp.zeros((bins,), x.dtype).at[index].add(inside.astype(x.dtype))
