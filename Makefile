@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q $(PIP_PKGS)
 	$(VPY) -m pip install -q --no-deps -e . --config-settings editable_mode=compat
+	-$(VPY) -m pip install -q libtpu || true  # optional: deviceless TPU compiles (tests skip without it)
 	touch $(STAMP)
 
 demo: $(STAMP)

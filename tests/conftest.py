@@ -4,3 +4,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # the repository root, for benchmarks.models
+
+# A fresh on-disk compilation cache per test session: no result depends on an earlier run.
+import shutil  # noqa: E402
+
+_CACHE = os.path.join(os.path.dirname(HERE), ".pytest_cache", "torchtpu-cache")
+shutil.rmtree(_CACHE, ignore_errors=True)
+os.environ["TORCHTPU_CACHE_DIR"] = _CACHE

@@ -63,7 +63,7 @@ def test_stats_count_graphs_and_compiles():
     for key in ("dynamo_graphs", "xla_compiles", "memory_hits", "disk_hits", "fallback_ops"):
         assert isinstance(s[key], int)
     assert s["dynamo_graphs"] == 1
-    assert s["xla_compiles"] == 1
+    assert s["xla_compiles"] + s["memory_hits"] + s["disk_hits"] == 1  # one program, from wherever
     torchtpu.reset_stats()
     assert torchtpu.stats()["xla_compiles"] == 0
 

@@ -35,7 +35,43 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="versions, the platform this process would use, rule count")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_info)
+    _add_cache(sub)
     return parser
+
+
+def _add_cache(sub) -> None:
+    from torchtpu.cache import commands
+
+    cache = sub.add_parser("cache", help="the on-disk compilation cache (TORCHTPU_CACHE_DIR)",
+                           description="Manage the on-disk compilation cache (TORCHTPU_CACHE_DIR).")
+    csub = cache.add_subparsers(dest="cache_command", required=True)
+    ls = csub.add_parser("ls", help="list entries: key prefix, graph, inputs, platform, size, hits, last used")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.set_defaults(func=commands.ls)
+    stats = csub.add_parser("stats", help="entries, bytes, hit/miss counts by tier and platform")
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.set_defaults(func=commands.stats)
+    verify = csub.add_parser("verify", help="check every entry; remove and report bad ones")
+    verify.add_argument("-v", "--verbose", action="store_true", help="also list the good entries")
+    verify.set_defaults(func=commands.verify)
+    clear = csub.add_parser("clear", help="remove entries (all, or those matching the filters)")
+    clear.add_argument("--older-than", type=float, metavar="DAYS", help="only entries unused for DAYS days")
+    clear.add_argument("--platform", help="only entries for this platform (cpu, gpu, tpu)")
+    clear.set_defaults(func=commands.clear)
+    explain = csub.add_parser("explain", help="the named parts of an entry's key and their hashes")
+    explain.add_argument("key", help="a key or a unique prefix of one")
+    explain.set_defaults(func=commands.explain)
+    prewarm = csub.add_parser("prewarm", help="compile a model's example inputs into the cache",
+                              description="TARGET is module:function returning (model, [input_tuple, ...]). "
+                                          "Each input set is compiled as torch.compile(model, backend='tpu') "
+                                          "would compile it in a fresh process (under torch.no_grad).")
+    prewarm.add_argument("module_function", metavar="TARGET", help="module:function")
+    prewarm.add_argument("--jobs", type=int, default=1, help="parallel processes (default 1)")
+    prewarm.add_argument("--target", choices=("local", "tpu"), default="local",
+                         help="local: this process's platform; tpu: deviceless TPU compile (needs libtpu)")
+    prewarm.add_argument("--topology", help="TPU topology for --target tpu, e.g. v5e:2x2")
+    prewarm.add_argument("--worker", help=argparse.SUPPRESS)
+    prewarm.set_defaults(func=commands.prewarm)
 
 
 def main(argv=None) -> int:

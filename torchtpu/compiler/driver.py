@@ -8,13 +8,13 @@ import jax
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from torchtpu import counters, events
+from torchtpu import cache, counters, events
 from torchtpu.compiler import dump
 from torchtpu.compiler.lower import to_jax_program
 from torchtpu.compiler.spec import describe, is_static, spec_of
 from torchtpu.options import Options
 from torchtpu.passes import run_passes
-from torchtpu.runtime import platform as platforms
+from torchtpu.runtime import target as targets
 from torchtpu.runtime.executable import CompiledGraph, Executable
 
 _graph_ids = itertools.count()
@@ -39,27 +39,39 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
     options = options or Options()
     name = f"{name}_{next(_graph_ids)}"
     gm = run_passes(gm, options)                          # 1. graph passes
-    target = options.platform or platforms.default_platform()
-    device = platforms.device(target)
+    target, device = targets.resolve(options)             # the device, or a TPU topology (deviceless AOT)
 
     def build(spec: tuple) -> Executable:
-        program = to_jax_program(gm, spec, target, options, device)  # 2. ATen -> JAX function
-        t0 = time.perf_counter()
-        with jax.enable_x64(True):
-            lowered = jax.jit(program.fn).trace(*program.avals).lower()  # 3. -> StableHLO
-            t1 = time.perf_counter()
-            compiled = lowered.compile()                  # 4. XLA compile via PJRT
-        t2 = time.perf_counter()
+        key = cache.key_for(gm, spec, options, target, name)         # 2. cache key (None: bypass, logged)
+        exe = cache.lookup(key, target, device, name)                # 3. memory -> disk
+        if exe is not None:
+            return exe
+        program = to_jax_program(gm, spec, target.platform, options, device)  # 4. ATen -> JAX function
+        lowered, compiled, lower_s, compile_s = _lower_and_compile(program)   # 5. StableHLO, 6. XLA
         counters.bump("xla_compiles")
-        counters.add_seconds("lower", t1 - t0)
-        counters.add_seconds("compile", t2 - t1)
-        events.record("compile", graph=name, signature=describe(spec), platform=target,
-                      lower_ms=round((t1 - t0) * 1e3, 3), compile_ms=round((t2 - t1) * 1e3, 3))
-        dump.write(options, name, gm, spec, lowered, t1 - t0, t2 - t1)
-        return Executable(compiled, program, device)      # 5. runtime wrapper
+        counters.add_seconds("lower", lower_s)
+        counters.add_seconds("compile", compile_s)
+        events.record("compile", graph=name, signature=describe(spec), platform=target.platform,
+                      lower_ms=round(lower_s * 1e3, 3), compile_ms=round(compile_s * 1e3, 3))
+        dump.write(options, name, gm, spec, lowered, lower_s, compile_s)
+        exe = Executable.from_compiled(compiled, program, device)   # 7. runtime wrapper
+        cache.store(key, exe, lowered, target=target, graph_name=name, inputs=describe(spec),
+                    lower_ms=round(lower_s * 1e3, 3), compile_ms=round(compile_s * 1e3, 3))  # 8. atomic put
+        return exe
 
     runner = CompiledGraph(build, name)
     if is_static(example_inputs):
         with unset_fake_temporarily():  # AOTAutograd calls us under its fake mode
             runner.executable_for(spec_of(example_inputs))
     return runner
+
+
+def _lower_and_compile(program):
+    """jax.jit(...).lower() -> StableHLO, .compile() -> XLA via PJRT. Every aval stays a parameter
+    (keep_unused) so the executable can be called directly and restored from the cache."""
+    t0 = time.perf_counter()
+    with jax.enable_x64(True):
+        lowered = jax.jit(program.fn, keep_unused=True).trace(*program.avals).lower()
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+    return lowered, compiled, t1 - t0, time.perf_counter() - t1

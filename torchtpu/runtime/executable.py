@@ -1,11 +1,19 @@
-"""The callable handed back to AOTAutograd: marshal, execute, rebuild torch outputs."""
+"""The callable handed back to AOTAutograd: marshal, execute, rebuild torch outputs.
+
+Fresh compiles and cache hits run through the same path: PJRT's loaded executable is called
+directly (`execute_sharded`), whether it came from `jax.jit(...).compile()` or from
+`Client.deserialize_executable` of bytes in the on-disk cache.
+"""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
 import torch
+from jax.extend import backend as jax_backend
 
+from torchtpu.compiler.lower import OutputSlot
 from torchtpu.compiler.spec import spec_of
 from torchtpu.runtime import transfer
 
@@ -36,27 +44,75 @@ class CompiledGraph:
         return exe.run(args)
 
 
-class Executable:
-    """A compiled program for one signature plus how to rebuild its outputs."""
+@dataclasses.dataclass
+class ProgramLayout:
+    """How torch arguments map onto the program's parameters and its results back onto outputs.
 
-    def __init__(self, compiled, program, device: jax.Device):
-        self.compiled = compiled
-        self.program = program
+    Known only after tracing; the cache stores it next to the executable.
+    """
+
+    tensor_inputs: list[int]  # positions of tensor arguments, in parameter order
+    uses_rng: bool  # a PRNG key is parameter 0
+    outputs: list[OutputSlot]
+
+    @classmethod
+    def of(cls, program) -> "ProgramLayout":
+        return cls(list(program.tensor_inputs), bool(program.uses_rng), list(program.outputs))
+
+
+class NotRunnableHere(RuntimeError):
+    """The executable was compiled for a device this process does not have (deviceless AOT)."""
+
+
+class Executable:
+    """A PJRT executable for one signature plus how to feed it and rebuild its outputs.
+
+    Args:
+        xla_executable: a `LoadedExecutable`, or an unloaded `Executable` (deviceless compile).
+        layout: the ProgramLayout.
+        device: the jax device it runs on.
+    """
+
+    def __init__(self, xla_executable, layout: ProgramLayout, device):
+        self.xla_executable = xla_executable
+        self.layout = layout
         self.device = device
+        self._execute = getattr(xla_executable, "execute_sharded", None)
+
+    @classmethod
+    def from_compiled(cls, compiled: jax.stages.Compiled, program, device) -> "Executable":
+        """Wraps `jax.jit(fn, keep_unused=True)....compile()`: every aval is one parameter."""
+        xla_executable = compiled._executable.xla_executable
+        expected = len(program.avals)
+        params = len(xla_executable.get_parameter_layouts())
+        if params != expected:  # jax hoisted constants or pruned inputs: calling it directly would be wrong
+            raise RuntimeError(f"compiled program has {params} parameters, expected {expected}")
+        return cls(xla_executable, ProgramLayout.of(program), device)
+
+    def serialize(self) -> bytes:
+        """PJRT's own serialization (not a pickle)."""
+        return self.xla_executable.serialize()
+
+    @classmethod
+    def deserialize(cls, blob: bytes, layout: ProgramLayout, device) -> "Executable":
+        client = jax_backend.get_backend(device.platform)
+        return cls(client.deserialize_executable(blob, [device], None), layout, device)
 
     def run(self, args: list) -> list:
-        program = self.program
+        if self._execute is None:
+            raise NotRunnableHere(f"this executable was compiled for {self.device} without one attached")
+        layout = self.layout
         like = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
         with jax.enable_x64(True):
-            arrays = [transfer.to_device(args[i], self.device) for i in program.tensor_inputs]
-            if program.uses_rng:
+            arrays = [transfer.to_device(args[i], self.device) for i in layout.tensor_inputs]
+            if layout.uses_rng:
                 arrays.insert(0, jax.device_put(transfer.random_key(), self.device))
-            results = self.compiled(*arrays)
+            results = self._execute(arrays).disassemble_into_single_device_arrays()
         args.clear()
         out = []
-        for slot in program.outputs:
+        for slot in layout.outputs:
             if slot.kind == "tensor":
-                t = transfer.to_torch(results[slot.index], like)
+                t = transfer.to_torch(results[slot.index][0], like)
                 if slot.stride is not None:
                     t = torch.empty_strided(t.shape, slot.stride, dtype=t.dtype, device=t.device).copy_(t)
                 out.append(t)

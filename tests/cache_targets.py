@@ -1,0 +1,21 @@
+"""Prewarm targets (`module:function` returning (model, [input_tuple, ...])) for the cache tests."""
+from __future__ import annotations
+
+import torch
+
+from benchmarks import models
+
+
+def mlp_sets():
+    torch.manual_seed(0)
+    return models.MLP(), [(torch.randn(b, 32),) for b in (2, 3, 5)]
+
+
+def llama():
+    torch.manual_seed(0)
+    return models.hf_llama(), [(torch.randint(0, 256, (2, 16)),)]
+
+
+def transformer_block():
+    torch.manual_seed(0)
+    return models.Block(64, 4).eval(), [(torch.randn(2, 16, 64),), (torch.randn(1, 32, 64),)]

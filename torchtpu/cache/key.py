@@ -1,0 +1,96 @@
+"""The cache key: a named list of parts, each with a printable digest (see `torchtpu cache explain`)."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import weakref
+
+import torch
+
+from torchtpu.cache import versions
+from torchtpu.cache.canonical import Unkeyable, canonical_graph
+from torchtpu.compiler.spec import TensorSpec
+from torchtpu.runtime.target import Target
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyPart:
+    name: str
+    summary: str  # short and readable; the digest covers the full text
+    digest: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheKey:
+    parts: tuple[KeyPart, ...]
+
+    @property
+    def digest(self) -> str:
+        lines = "".join(f"{p.name}={p.digest}\n" for p in self.parts)
+        return hashlib.sha256(lines.encode()).hexdigest()
+
+    def to_json(self) -> list[dict]:
+        return [p.to_json() for p in self.parts]
+
+
+def _part(name: str, text: str, summary: str | None = None) -> KeyPart:
+    summary = text if summary is None else summary
+    if len(summary) > 80:
+        summary = summary[:77] + "..."
+    return KeyPart(name, summary, hashlib.sha256(text.encode()).hexdigest()[:16])
+
+
+def key_for(gm: torch.fx.GraphModule, spec: tuple, options, target: Target) -> CacheKey:
+    """The key of `gm` compiled for `spec` on `target`.
+
+    Raises:
+        Unkeyable: some part cannot be keyed reliably (the caller bypasses the cache).
+    """
+    graph = _graph_text(gm)
+    ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    libs = versions.libraries()
+    parts = [
+        _part("format", str(versions.FORMAT_VERSION)),
+        _part("graph", graph, f"{ops} ops"),
+        _part("inputs", input_specs(spec)),
+        _part("options", repr(options.key_items())),
+        _part("float32_matmul_precision", torch.get_float32_matmul_precision()),
+        _part("target", f"{target.platform} {target.device_kind} x{target.device_count}"),
+        _part("host_cpu", versions.host_cpu() if target.platform == "cpu" else "-"),
+        _part("xla_flags", versions.xla_flags()),
+        *(_part(name, version) for name, version in libs.items()),
+        _part("torchtpu_source", versions.source_hash(), versions.source_hash()[:16]),
+    ]
+    return CacheKey(tuple(parts))
+
+
+_graph_texts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _graph_text(gm) -> str:
+    """Printed once per graph, before any lowering: lowering a symbolic graph for one size
+    specialises its shape environment, which would change how later sizes print."""
+    if gm not in _graph_texts:
+        try:
+            _graph_texts[gm] = canonical_graph(gm)
+        except Unkeyable as exc:
+            _graph_texts[gm] = exc
+    text = _graph_texts[gm]
+    if isinstance(text, Unkeyable):
+        raise text
+    return text
+
+
+def input_specs(spec: tuple) -> str:
+    out = []
+    for s in spec:
+        if isinstance(s, TensorSpec):
+            out.append(f"{s.dtype}[{','.join(str(int(d)) for d in s.shape)}]")
+        elif s is None or type(s) in (bool, int, float):
+            out.append(f"{type(s).__name__}:{s!r}")
+        else:
+            raise Unkeyable(f"input of type {type(s).__name__}")
+    return "(" + ", ".join(out) + ")"
