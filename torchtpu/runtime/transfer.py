@@ -1,26 +1,56 @@
 """torch tensors <-> device buffers.
 
 On the CPU both sides share memory through DLPack (zero copy). Elsewhere tensors travel
-through the host. Torch's own device is kept: results come back where the inputs were.
+through the host. Results come back on the torch device the inputs were on.
+
+The public `jax.dlpack.from_dlpack` costs ≈37 µs per tensor here (checks, a canonicalising
+`jnp.asarray`, placement); the PJRT call underneath costs ≈7 µs. Back to torch, the public
+path costs ≈10 µs and the capsule call ≈1 µs. The CPU path calls PJRT directly both ways
+(see docs/DECISIONS.md).
 """
 from __future__ import annotations
 
 import jax
 import numpy as np
 import torch
+from jax._src.lib import _jax
+from torch.utils.dlpack import from_dlpack
+
+_KDLCPU = 1
 
 
-def to_device(t: torch.Tensor, device: jax.Device):
-    if not t.is_contiguous():
-        t = t.contiguous()
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for size in reversed(shape):
+        stride.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A tensor whose strides are exactly row-major: PJRT executables take the default layout,
+    and DLPack would otherwise carry torch's free strides of size-1 dims through."""
     if t.requires_grad:
         t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
+    if t.stride() != _contiguous_stride(t.shape):
+        t = t.clone(memory_format=torch.contiguous_format)
+        if t.stride() != _contiguous_stride(t.shape):
+            t = torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+    return t
+
+
+def _from_host_dlpack(t: torch.Tensor, device: jax.Device):
+    return _jax.dlpack_managed_tensor_to_buffer(t.__dlpack__(), device, None, None, _KDLCPU)
+
+
+def to_device(t: torch.Tensor, device: jax.Device):
+    t = _dense(t)
     if device.platform == "cpu" and t.device.type == "cpu":
-        return jax.dlpack.from_dlpack(t)
+        return _from_host_dlpack(t, device)
     if t.device.type == "cuda" and device.platform == "gpu":
         return jax.dlpack.from_dlpack(t)
     return jax.device_put(jax.dlpack.from_dlpack(t.cpu()), device)
@@ -28,7 +58,10 @@ def to_device(t: torch.Tensor, device: jax.Device):
 
 def to_torch(array, like_device: torch.device | None = None) -> torch.Tensor:
     platform = next(iter(array.devices())).platform
-    if platform not in ("cpu", "gpu"):
+    if platform == "cpu":  # zero copy; the PJRT call under torch.from_dlpack(array), ≈1 µs vs ≈10
+        out = from_dlpack(_jax.buffer_to_dlpack_managed_tensor(array, stream=None))
+        return out if like_device is None or like_device.type == "cpu" else out.to(like_device)
+    if platform != "gpu":
         array = jax.device_put(array, jax.devices("cpu")[0])
     out = torch.from_dlpack(array)
     if like_device is not None and out.device != like_device:
