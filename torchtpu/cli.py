@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_info)
     _add_cache(sub)
+    from torchtpu.inspect.cli import add_inspect_parser
+
+    add_inspect_parser(sub)
     return parser
 
 

@@ -1,21 +1,41 @@
-"""The compile-event record: what was compiled, why, how long it took."""
+"""The compile-event record: what was compiled, why, how long it took.
+
+Every event is kept in process (`events()`) and appended as one JSON line to the event log:
+`TORCHTPU_EVENT_LOG` (a path, or "off"), else `events.jsonl` in the cache directory
+(`TORCHTPU_CACHE_DIR`, else ~/.cache/torchtpu). Dynamo's own per-frame records (recompile
+reason, guard failures, the recompile limit) are drained from
+`torch._dynamo.utils.get_compilation_metrics()` into "dynamo" events by `sync_dynamo()`.
+A write error becomes one warning; the in-process record is kept regardless.
+"""
 from __future__ import annotations
 
+import atexit
+import json
+import os
+import sys
 import threading
 import time
+import warnings
+from pathlib import Path
 
 _lock = threading.Lock()
 _events: list[dict] = []
+_seen_metrics: set = set()
+_warned_frames: set = set()
+_log_failed = False
+RUN = f"{os.getpid()}-{int(time.time())}"  # groups one process's events in a shared log
 
 
 def record(kind: str, **fields) -> dict:
-    event = {"kind": kind, "time": time.time(), **fields}
+    event = {"kind": kind, "time": time.time(), "run": RUN, **fields}
     with _lock:
         _events.append(event)
+    _append(event)
     return event
 
 
 def events() -> list[dict]:
+    sync_dynamo()
     with _lock:
         return list(_events)
 
@@ -23,3 +43,96 @@ def events() -> list[dict]:
 def clear() -> None:
     with _lock:
         _events.clear()
+
+
+def log_path() -> Path | None:
+    """Where events are appended; None when TORCHTPU_EVENT_LOG=off."""
+    asked = os.environ.get("TORCHTPU_EVENT_LOG", "").strip()
+    if asked.lower() in ("off", "0", "none", "false"):
+        return None
+    if asked:
+        return Path(asked).expanduser()
+    cache = os.environ.get("TORCHTPU_CACHE_DIR", "").strip()
+    if cache.lower() in ("off", "0", "none", "false"):
+        return None
+    if cache:
+        return Path(cache).expanduser() / "events.jsonl"
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "torchtpu" / "events.jsonl"
+
+
+def _append(event: dict) -> None:
+    global _log_failed
+    path = log_path()
+    if path is None or _log_failed:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(event, default=str, ensure_ascii=False) + "\n"
+        with open(path, "a", encoding="utf-8") as f:  # one write per line: appends do not interleave
+            f.write(line)
+    except OSError as exc:
+        _log_failed = True
+        warnings.warn(f"torchtpu: cannot write the event log {path}: {exc}; events stay in memory only")
+
+
+def read_log(path) -> list[dict]:
+    """The events of a JSONL log; unreadable lines are skipped."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def sync_dynamo() -> None:
+    """Records Dynamo's compilation metrics not seen yet as "dynamo" events."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:  # Dynamo never ran in this process: nothing to record, nothing to import
+        return
+    get_compilation_metrics = utils.get_compilation_metrics
+    fresh = []
+    with _lock:
+        for m in get_compilation_metrics():
+            key = (m.compile_id, m.start_time_us)
+            if key not in _seen_metrics:
+                _seen_metrics.add(key)
+                fresh.append(m)
+    for m in fresh:
+        record("dynamo", compile_id=m.compile_id, frame=f"{m.co_name} ({m.co_filename}:{m.co_firstlineno})",
+               co_name=m.co_name, co_filename=m.co_filename, co_firstlineno=m.co_firstlineno,
+               recompile_reason=m.recompile_reason, fail_type=m.fail_type, fail_reason=m.fail_reason,
+               seconds=round((m.duration_us or 0) / 1e6, 3), graph_ops=m.graph_op_count,
+               start=(m.start_time_us or 0) / 1e6,
+               cache_size=m.cache_size)
+        _maybe_warn(m.co_name, m.co_filename, m.co_firstlineno)
+
+
+def recompile_warn_threshold() -> int:
+    try:
+        return int(os.environ.get("TORCHTPU_RECOMPILE_WARN", "8"))
+    except ValueError:
+        return 8
+
+
+def _maybe_warn(co_name, co_filename, co_firstlineno) -> None:
+    frame = f"{co_name} ({co_filename}:{co_firstlineno})"
+    if frame in _warned_frames:
+        return
+    with _lock:
+        mine = [e for e in _events if e["kind"] == "dynamo" and e.get("frame") == frame]
+    recompiles = [e for e in mine if e.get("recompile_reason")]
+    if len(recompiles) <= recompile_warn_threshold():
+        return
+    _warned_frames.add(frame)
+    from torchtpu.inspect.explain import explain
+
+    text = explain(recompiles[-1], events())
+    warnings.warn(f"torchtpu: {frame} recompiled {len(recompiles)} times; last: {text} "
+                  "(`torchtpu inspect` explains each one)", stacklevel=2)
+
+
+atexit.register(sync_dynamo)

@@ -35,12 +35,15 @@ class LowerCtx:
         node: the FX node (its meta["val"] holds the fake output(s) torch computed).
         platform: the target platform: "cpu", "gpu" or "tpu".
         options: the backend Options.
+        padding: for a bucketed program, the bucket and true sizes (compiler.padding.Padding);
+            lower_node masks padded positions for the nodes the pad-safety analysis marked.
     """
 
     node: torch.fx.Node
     platform: str
     options: Any
     rng: RngState
+    padding: Any = None
     meta_val: Any = None  # overrides node.meta["val"] (an effectful op's own outputs)
 
     # --- output metadata -------------------------------------------------------------

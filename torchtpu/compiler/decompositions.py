@@ -33,6 +33,9 @@ EXTRA = [
 # program (take's reads a 0-d index with .item()) or slower than one XLA op.
 LOWERED_DIRECTLY = [
     aten.take.default,
+    # one fused attention node per layer (and its backward) for the flash kernel to take
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten.native_layer_norm_backward.default,  # a fused backward the norm kernel can take
 ]
 
 

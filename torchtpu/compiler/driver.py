@@ -13,7 +13,7 @@ from torchtpu.compiler import dump
 from torchtpu.compiler.lower import to_jax_program
 from torchtpu.compiler.spec import describe, is_static, spec_of
 from torchtpu.options import Options
-from torchtpu.passes import run_passes
+from torchtpu.passes import bucketing, run_passes
 from torchtpu.runtime import target as targets
 from torchtpu.runtime.executable import CompiledGraph, Executable
 
@@ -60,6 +60,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
         return exe
 
     runner = CompiledGraph(build, name)
+    runner = bucketing.wrap(runner, gm, options)          # symbolic sizes: pad to buckets, slice back
     if is_static(example_inputs):
         with unset_fake_temporarily():  # AOTAutograd calls us under its fake mode
             runner.executable_for(spec_of(example_inputs))

@@ -13,6 +13,7 @@ from torchtpu.compiler.decompositions import decomposition_table
 from torchtpu.compiler.lower import to_jax_program
 from torchtpu.compiler.spec import spec_of
 from torchtpu.options import Options
+from torchtpu.passes import run_passes
 
 
 @dataclasses.dataclass
@@ -54,7 +55,7 @@ def export(fn_or_module, *example_args, platforms=("cpu", "tpu"), options: dict 
 
     def forward_compiler(gm, inputs):
         with unset_fake_temporarily():
-            program = to_jax_program(gm, spec_of(inputs), target, opts)
+            program = to_jax_program(run_passes(gm, opts), spec_of(inputs), target, opts)
             with jax.enable_x64(True):
                 captured.append(jax.export.export(jax.jit(program.fn), platforms=platforms)(*program.avals))
         return make_boxed_func(gm.forward)

@@ -16,6 +16,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torchtpu.compiler import dtypes, registry
 from torchtpu.compiler.context import LowerCtx, RngState
 from torchtpu.compiler.errors import LoweringError, user_source_line, write_reproducer
+from torchtpu.compiler.padding import Padding
 from torchtpu.compiler.spec import TensorSpec
 
 
@@ -93,6 +94,7 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
         feed = iter(arrays)
         for node, s in zip(placeholders, spec):
             env[node] = next(feed) if isinstance(s, TensorSpec) else s
+        padding = Padding.bind(gm, spec, env)  # None unless the graph is bucketed
         results = []
         outputs.clear()
         for node in graph.nodes:
@@ -101,7 +103,7 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
             if node.op == "get_attr":
                 env[node] = _constant(gm, node)
             elif node.op == "call_function":
-                env[node] = lower_node(node, env, LowerCtx(node, platform, options, state), gm, spec)
+                env[node] = lower_node(node, env, LowerCtx(node, platform, options, state, padding), gm, spec)
             elif node.op == "output":
                 for value, meta in zip(_flat_outputs(node, env), _flat_output_metas(node)):
                     if value is None:
@@ -168,7 +170,11 @@ def lower_node(node: torch.fx.Node, env: dict, ctx: LowerCtx, gm=None, spec=None
     if rule is None:
         raise _error(f"no lowering for {target}", node, gm, spec, ctx)
     try:
+        if ctx.padding is not None:
+            args, kwargs = ctx.padding.before(node, args, kwargs)
         out = rule(ctx, *args, **kwargs)
+        if ctx.padding is not None:
+            out = ctx.padding.after(node, args, kwargs, out)
     except LoweringError:
         raise
     except Exception as exc:  # noqa: BLE001 — every rule failure is reported the same way

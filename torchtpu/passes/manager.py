@@ -7,11 +7,17 @@ from typing import Callable
 import torch
 
 from torchtpu import counters
+from torchtpu.passes.bucketing import bucket_shapes
+from torchtpu.passes.pallas_rewrites import fuse_rms_norm
 
 Pass = Callable[[torch.fx.GraphModule, object], torch.fx.GraphModule]
 
 # The passes, in order. Each states what it assumes and preserves in passes/README.md.
-PASSES: list[tuple[str, Pass]] = []
+# Bucketing runs last: its pad-safety analysis must see the final graph.
+PASSES: list[tuple[str, Pass]] = [
+    ("pallas_rewrites", fuse_rms_norm),
+    ("bucketing", bucket_shapes),
+]
 
 
 def run_passes(gm: torch.fx.GraphModule, options) -> torch.fx.GraphModule:

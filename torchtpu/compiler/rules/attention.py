@@ -1,6 +1,11 @@
 """Scaled dot-product attention in the fused forms AOTAutograd leaves in graphs on CPU
-(`_scaled_dot_product_flash_attention_for_cpu` and its backward). The backward is the VJP
-of the same math, so forward and backward agree by construction."""
+(`_scaled_dot_product_flash_attention_for_cpu` and its backward).
+
+Per node, `kernels.choose` picks JAX's TPU flash attention (Mosaic on a TPU target, or
+interpret mode) or XLA's own ops. The XLA backward is the VJP of the same math; the kernel
+backward is the kernel's own backward half fed with the forward's logsumexp. Forward and
+backward of one graph pair always choose alike: the choice depends only on the options, the
+target and the arguments, which both nodes share."""
 from __future__ import annotations
 
 import math
@@ -9,7 +14,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from torchtpu import kernels
 from torchtpu.compiler.registry import op
+from torchtpu.kernels import attention as flash
 from torchtpu.compiler.rules.reduction import accumulate_dtype
 
 aten = torch.ops.aten
@@ -41,6 +48,10 @@ def attention(q, k, v, mask=None, causal=False, scale=None):
 def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     if dropout_p:
         raise NotImplementedError("dropout inside fused attention; use the math path (dropout_p=0)")
+    choice = kernels.choose(ctx, "flash_attention", flash.supports(q, k, v, attn_mask, dropout_p))
+    if choice != kernels.XLA:
+        with kernels.running(choice):
+            return flash.flash_fwd(q, k, v, attn_mask, is_causal, scale)
     out, lse = attention(q, k, v, attn_mask, is_causal, scale)
     return out.astype(q.dtype), lse
 
@@ -48,6 +59,10 @@ def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=N
 @op(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
 def _sdpa_flash_cpu_backward(ctx, grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *,
                              attn_mask=None, scale=None):
+    choice = kernels.choose(ctx, "flash_attention", flash.supports(q, k, v, attn_mask, dropout_p))
+    if choice != kernels.XLA:
+        with kernels.running(choice):
+            return flash.flash_bwd(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)
     acc = accumulate_dtype(q.dtype)
 
     def f(q, k, v):

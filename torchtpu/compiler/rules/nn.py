@@ -9,8 +9,11 @@ import jax.numpy as jnp
 from jax import lax
 import torch
 
+from torchtpu import kernels
 from torchtpu.compiler.registry import op
 from torchtpu.compiler.rules.reduction import accumulate_dtype
+from torchtpu.kernels import norms
+from torchtpu.kernels import ops as _fused_ops  # noqa: F401  (defines torch.ops.torchtpu.rms_norm)
 
 aten = torch.ops.aten
 
@@ -33,13 +36,38 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
     return out.astype(x.dtype), mean, rstd
 
 
+def _norm_kernel(ctx, name, x):
+    why_not = None if x.dtype in (jnp.float32, jnp.bfloat16) and x.size else f"dtype {x.dtype} / empty"
+    return kernels.choose(ctx, name, why_not)
+
+
+def _stat_shape(x, normalized_shape):
+    return x.shape[: x.ndim - len(normalized_shape)] + (1,) * len(normalized_shape)
+
+
 @op(aten.native_layer_norm.default)
 def _native_layer_norm(ctx, x, normalized_shape, weight, bias, eps):
+    choice = _norm_kernel(ctx, "layer_norm", x)
+    if choice != kernels.XLA:
+        d = math.prod(normalized_shape)
+        with kernels.running(choice):
+            y, mean, rstd = norms.norm_fwd(x, weight, bias, eps, d=d, rms=False,
+                                           interpret=choice == kernels.INTERPRET)
+        shape = _stat_shape(x, normalized_shape)
+        return y, mean.reshape(shape), rstd.reshape(shape)
     return _layer_norm(x, list(normalized_shape), weight, bias, eps)
 
 
 @op(aten.native_layer_norm_backward.default)
 def _native_layer_norm_backward(ctx, grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    choice = _norm_kernel(ctx, "layer_norm", x)
+    if choice != kernels.XLA:
+        with kernels.running(choice):
+            dx, dw, db = norms.norm_bwd(grad, x, weight, mean, rstd, d=math.prod(normalized_shape), rms=False,
+                                        interpret=choice == kernels.INTERPRET)
+        return ((dx if output_mask[0] else None),
+                (dw.reshape(weight.shape) if weight is not None and output_mask[1] else None),
+                (db.reshape(bias.shape) if bias is not None and output_mask[2] else None))
     acc = accumulate_dtype(x.dtype)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     xhat = (x.astype(acc) - mean) * rstd
@@ -52,6 +80,24 @@ def _native_layer_norm_backward(ctx, grad, x, normalized_shape, mean, rstd, weig
     dweight = jnp.sum(g * xhat, axis=lead) if weight is not None and output_mask[1] else None
     dbias = jnp.sum(g, axis=lead) if bias is not None and output_mask[2] else None
     return (dx if output_mask[0] else None), dweight, dbias
+
+
+@op(torch.ops.torchtpu.rms_norm.default)
+def _rms_norm(ctx, x, weight, eps):
+    """The fused RMSNorm node of passes/pallas_rewrites.py: (y, rstd)."""
+    choice = _norm_kernel(ctx, "rms_norm", x)
+    if choice != kernels.XLA:
+        with kernels.running(choice):
+            y, _, rstd = norms.norm_fwd(x, weight, None, eps, d=x.shape[-1], rms=True,
+                                        interpret=choice == kernels.INTERPRET)
+        return y, rstd.reshape(x.shape[:-1] + (1,))
+    acc = accumulate_dtype(x.dtype)
+    xf = x.astype(acc)
+    rstd = lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    y = xf * rstd
+    if weight is not None:
+        y = y.astype(weight.dtype).astype(acc) * weight.astype(acc)
+    return y, rstd
 
 
 # --- batch norm ------------------------------------------------------------------------------

@@ -1,0 +1,121 @@
+"""The compile-event log and the recompilation inspector."""
+from __future__ import annotations
+
+import argparse
+import html.parser
+import json
+import warnings
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+import torchtpu.inspect
+from torchtpu import events
+from torchtpu.inspect.cli import add_inspect_parser
+from torchtpu.inspect.explain import explain
+
+from helpers import compile_tpu
+
+
+def _dynamo(reason=None, fail=None, cid="0/1"):
+    return {"kind": "dynamo", "compile_id": cid, "recompile_reason": reason, "fail_reason": fail}
+
+
+def test_explanations_name_the_change_and_a_fix():
+    off = [{"kind": "bucketing", "compile_id": "0/1", "status": "exact", "reason": "bucketing is off (option)"}]
+    size = explain(_dynamo("0/0: tensor 'x' size mismatch at index 1. expected 128, actual 130"), off)
+    assert size.startswith("input `x` dim 1 changed 128 → 130: bucketing is off for this frame")
+    assert "mark the dim dynamic" in size
+    dtype = explain(_dynamo("0/1: tensor 'x' dtype mismatch. expected Float, actual BFloat16"), [])
+    assert dtype.startswith("dtype of `x` changed float32 → bfloat16")
+    intarg = explain(_dynamo("0/2: n == 3        # def f(x, n)\nUser stack trace: ..."), [])
+    assert intarg.startswith("a Python int argument `n` changed from 3") and "tensor" in intarg
+    limit = explain(_dynamo(fail="Dynamo recompile limit exceeded ..."), [])
+    assert limit.startswith("recompile limit reached: this frame now runs eagerly")
+    one = explain(_dynamo("tensor 'x' size mismatch at index 0. expected 2, actual 1"), [])
+    assert "specializes size 1" in one
+
+
+@pytest.fixture
+def log(tmp_path, monkeypatch):
+    path = tmp_path / "events.jsonl"
+    monkeypatch.setenv("TORCHTPU_EVENT_LOG", str(path))
+    return path
+
+
+def _record_session():
+    """One frame that recompiles for a size (bucketing off), a dtype and an int."""
+    def f(x, n):
+        return (x * n).sum(-1)
+
+    c = compile_tpu(f, fullgraph=True, options={"bucketing": "off"})
+    c(torch.randn(2, 128), 3)
+    c(torch.randn(2, 130), 3)
+    c(torch.randn(2, 130, dtype=torch.bfloat16), 3)
+    c(torch.randn(2, 130), 4)
+    events.sync_dynamo()
+
+
+def test_report_from_a_recorded_log(log, capsys):
+    _record_session()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    kinds = {e["kind"] for e in lines}
+    assert {"graph", "bucketing", "compile", "dynamo"} <= kinds
+    text = torchtpu.inspect.report(log=str(log))
+    assert "recompiles by reason" in text
+    assert "size changed" in text and "dtype changed" in text and "Python int changed" in text
+    assert "input `x` dim 1 changed 128 → 130: bucketing is off for this frame" in text
+    assert "dtype of `x` changed float32 → bfloat16" in text
+    header = next(line for line in text.splitlines() if line.startswith("frames "))
+    assert "recompiles 3" in header
+
+    parser = argparse.ArgumentParser()
+    add_inspect_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["inspect", str(log)])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert out == text
+
+
+def test_html_report_is_well_formed_with_an_svg_timeline(log, tmp_path):
+    _record_session()
+    page = tmp_path / "report.html"
+    torchtpu.inspect.report(log=str(log), html=str(page))
+    doc = page.read_text()
+
+    class Checker(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.stack, self.errors = [], []
+
+        def handle_starttag(self, tag, attrs):
+            if tag not in ("meta", "br", "line", "rect"):
+                self.stack.append(tag)
+
+        def handle_endtag(self, tag):
+            if tag in ("line", "rect"):
+                return
+            if not self.stack or self.stack.pop() != tag:
+                self.errors.append(tag)
+
+    checker = Checker()
+    checker.feed(doc)
+    assert not checker.errors and checker.stack == []
+    svg = doc[doc.index("<svg"):doc.index("</svg>") + 6]
+    root = ET.fromstring(svg)  # the SVG alone is well-formed XML
+    assert len(root.findall("{http://www.w3.org/2000/svg}rect")) >= 4  # a bar per Dynamo compile (+ XLA compiles)
+    assert "input `x` dim 1 changed 128 → 130" in doc
+
+
+def test_warns_once_when_a_frame_recompiles_too_often(log, monkeypatch):
+    monkeypatch.setenv("TORCHTPU_RECOMPILE_WARN", "2")
+    c = compile_tpu(lambda x: x + 1, options={"bucketing": "off"}, dynamic=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(2, 8):
+            c(torch.randn(n))
+        events.sync_dynamo()
+    mine = [w for w in caught if "recompiled" in str(w.message)]
+    assert len(mine) == 1
+    assert "changed" in str(mine[0].message)

@@ -1,0 +1,130 @@
+"""Masking at lowering time for bucketed programs (see passes/pad_safety.py).
+
+A bucketed program knows each bucketed symbol twice: its bucket value (a static int, the
+program's shapes) and its true value (an element of the `torchtpu_true_sizes` input). For a
+node the analysis marked, `before` sets the padded positions of its arguments to the
+reduction's neutral value with a `where` (so NaN/inf in padding cannot leak), and `after`
+corrects divisors (mean, var). Unmarked nodes pass through untouched.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import lax
+import torch
+
+from torchtpu.passes import bucketing, pad_safety
+from torchtpu.passes.pad_safety import evaluate
+
+aten = torch.ops.aten
+
+
+class Padding:
+    """The bucket and true values of one program's bucketed symbols."""
+
+    def __init__(self, bucket: dict, true: dict):
+        self.bucket = bucket
+        self.true = true
+
+    @classmethod
+    def bind(cls, gm, spec, env) -> "Padding | None":
+        """The Padding of a bucketed graph being lowered for `spec` (None when not bucketed)."""
+        plan = gm.meta.get(bucketing.PLAN)
+        if not isinstance(plan, bucketing.BucketPlan):
+            return None
+        node = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.meta.get(bucketing.TRUE_SIZES))
+        sizes = env[node]
+        bucket = {s: (spec[i] if d is None else spec[i].shape[d]) for s, (i, d) in zip(plan.symbols, plan.sources)}
+        true = {s: sizes[k] for k, s in enumerate(plan.symbols)}
+        return cls(bucket, true)
+
+    # --- masks -------------------------------------------------------------------------------
+    def dim_mask(self, factors):
+        """bool[n]: which positions of a dim with these factors are real."""
+        padded = [int(evaluate(f, self.bucket)) for f in factors]
+        iota = lax.iota(jnp.int64, math.prod(padded))
+        keep, stride = jnp.ones(iota.shape, jnp.bool_), math.prod(padded)
+        for p, f in zip(padded, factors):
+            stride //= p
+            keep = keep & ((iota // stride) % p < evaluate(f, self.true))
+        return keep
+
+    def count(self, dims, env) -> object:
+        return math.prod(evaluate(f, env) for _, factors in dims for f in factors)
+
+    def mask(self, x, dim, factors, fill):
+        shape = [1] * x.ndim
+        shape[dim] = x.shape[dim]
+        return jnp.where(self.dim_mask(factors).reshape(shape), x, _fill(fill, x.dtype))
+
+    # --- the hooks lower_node calls ------------------------------------------------------------
+    def before(self, node, args, kwargs):
+        spec = node.meta.get(bucketing.MASK)
+        if spec is None:
+            return args, kwargs
+        args = list(args)
+        for i, dim, factors, fill in spec.premask:
+            args[i] = self.mask(args[i], dim, factors, fill)
+        if spec.after == "keys":
+            kwargs = dict(kwargs)
+            ((dim, factors),) = spec.dims
+            keep = self.dim_mask(factors).reshape((1,) * (args[0].ndim - 1) + (-1,))
+            mask = kwargs.get("attn_mask")
+            if mask is None:
+                kwargs["attn_mask"] = keep
+            elif mask.dtype == jnp.bool_:
+                kwargs["attn_mask"] = mask & keep
+            else:
+                kwargs["attn_mask"] = jnp.where(keep, mask, -jnp.inf)
+        return tuple(args), kwargs
+
+    def after(self, node, args, kwargs, out):
+        spec = node.meta.get(bucketing.MASK)
+        if spec is None or spec.after in ("", "keys"):
+            return out
+        if spec.after == "rescale":
+            ratio = self.count(spec.dims, self.bucket) / self.count(spec.dims, self.true)
+            return out * ratio.astype(out.dtype)
+        return self._var(node, args[0], spec)
+
+    def _var(self, node, x, spec):
+        """Variance (and mean) over a padded dim, from the zero-masked argument."""
+        dims = pad_safety._dims_of(pad_safety._schema_arg(node, "dim", None), x.ndim)
+        keepdim = bool(pad_safety._schema_arg(node, "keepdim", False))
+        if node.target is aten.var.dim:
+            correction = 1 if pad_safety._schema_arg(node, "unbiased", True) in (None, True) else 0
+        else:
+            correction = pad_safety._schema_arg(node, "correction", None)
+            correction = 1 if correction is None else correction
+        padded = {d for d, _ in spec.dims}
+        n = self.count(spec.dims, self.true) * math.prod(x.shape[d] for d in dims if d not in padded)
+        acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
+        xf = x.astype(acc)
+        keep = jnp.ones(xf.shape, jnp.bool_)
+        for d, factors in spec.dims:
+            shape = [1] * x.ndim
+            shape[d] = x.shape[d]
+            keep = keep & self.dim_mask(factors).reshape(shape)
+        mean = jnp.sum(xf, axis=tuple(dims), keepdims=True) / n.astype(acc)
+        dev = jnp.where(keep, xf - mean, 0)
+        var = jnp.sum(dev * dev, axis=tuple(dims), keepdims=keepdim) / (n - correction).astype(acc)
+        if node.target is aten.var_mean.correction:
+            return var, (mean if keepdim else jnp.squeeze(mean, axis=tuple(dims)))
+        return var
+
+
+def _fill(kind, dtype):
+    if kind == pad_safety.ZERO:
+        return jnp.zeros((), dtype)
+    if kind == pad_safety.ONE:
+        return jnp.ones((), dtype)
+    if kind in (pad_safety.FALSE, pad_safety.TRUE):
+        return jnp.asarray(kind == pad_safety.TRUE, dtype)
+    low = kind == pad_safety.NEG_INF
+    if dtype == jnp.bool_:
+        return jnp.asarray(not low, dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        return jnp.asarray(info.min if low else info.max, dtype)
+    return jnp.asarray(-jnp.inf if low else jnp.inf, dtype)

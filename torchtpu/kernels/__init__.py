@@ -1,0 +1,62 @@
+"""Pallas kernels, chosen per target platform.
+
+`choose` is the one place that decides, per lowered node, between a Pallas kernel and XLA's
+own ops, and records the choice as a "kernel" compile event:
+
+| option `pallas` | tpu target | gpu / cpu / portable target |
+|---|---|---|
+| "auto" (default) | Mosaic kernel (`tpu_custom_call`) | XLA's own ops |
+| "interpret" | the TPU kernel in interpret mode | the TPU kernel in interpret mode |
+| "off" | XLA's own ops | XLA's own ops |
+
+Interpret mode runs a kernel's body as ordinary XLA ops (a loop over the grid), so its
+numerics are checked on any machine. A multi-platform ("portable") export never gets a
+Mosaic kernel: a TPU custom call does not lower for other platforms.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import jax
+
+from jax.experimental.pallas import tpu as pltpu
+
+from torchtpu import events
+from torchtpu.passes.bucketing import MASK
+
+MOSAIC, INTERPRET, XLA = "mosaic", "interpret", "xla"
+
+
+def choose(ctx, kernel: str, why_not: str | None = None) -> str:
+    """MOSAIC, INTERPRET or XLA for the node `ctx` lowers; records a "kernel" event.
+
+    Args:
+        ctx: the rule's LowerCtx (platform, options, node).
+        kernel: the kernel's name, e.g. "flash_attention".
+        why_not: why the kernel cannot take this node's arguments (None: it can).
+    """
+    mode = getattr(ctx.options, "pallas", "auto")
+    if mode == "off":
+        choice, why = XLA, "option pallas='off'"
+    elif why_not is not None:
+        choice, why = XLA, why_not
+    elif kernel != "flash_attention" and ctx.node.meta.get(MASK) is not None:
+        choice, why = XLA, "bucket padding inside the normalised dim"  # the kernel would read it
+    elif mode == "interpret":
+        choice, why = INTERPRET, "option pallas='interpret'"
+    elif ctx.platform == "tpu":
+        choice, why = MOSAIC, "TPU target"
+    else:
+        choice, why = XLA, f"{ctx.platform} target: XLA's own ops"
+    events.record("kernel", kernel=kernel, choice=choice, platform=ctx.platform, why=why,
+                  node=getattr(ctx.node, "name", None))
+    return choice
+
+
+@contextlib.contextmanager
+def running(choice: str):
+    """The context a kernel is traced in: 32-bit JAX (the shipped kernels' index arithmetic
+    mixes int32 with Python ints, which x64 makes int64), interpret mode for INTERPRET."""
+    interpret = pltpu.force_tpu_interpret_mode(True) if choice == INTERPRET else contextlib.nullcontext()
+    with jax.enable_x64(False), interpret:
+        yield

@@ -1,0 +1,205 @@
+"""Shape bucketing: a graph with symbolic sizes gets one program per bucket of sizes.
+
+The pass picks the symbols to bucket (those that size a tensor input), runs the pad-safety
+analysis, and — when every op is harmless or maskable — marks the masked nodes
+(`meta["torchtpu_mask"]`), appends one placeholder, `torchtpu_true_sizes` (int64[k]: the
+true value of each bucketed symbol, so masks and divisors use them at run time), and leaves a
+BucketPlan in `gm.meta["torchtpu_bucketing"]`. `wrap` then puts a BucketedGraph (pads inputs,
+slices outputs) in front of the driver's runner. When bucketing is off or unsafe the plan is
+a Refusal with the reason, and the graph is compiled per exact size as before.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from torchtpu.options import BUCKETING_MIN
+from torchtpu.passes import pad_safety
+
+PLAN = "torchtpu_bucketing"
+TRUE_SIZES = "torchtpu_true_sizes"
+MASK = "torchtpu_mask"
+
+
+@dataclasses.dataclass
+class Refusal:
+    """Why this graph runs per exact size."""
+
+    reason: str
+    decisions: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class BucketPlan:
+    """Everything the runtime needs to pad inputs and slice outputs of one graph.
+
+    Attributes:
+        symbols: the bucketed symbols, in the order of the true-sizes input.
+        sources: per symbol, (placeholder index, dim) whose size is that symbol.
+        names: per symbol, Dynamo's name for it (e.g. "L['x'].size()[1]").
+        upper: per symbol, the largest value Dynamo allows (None: unbounded).
+        inputs: per placeholder: a tuple of dim expressions (tensor), an expression (SymInt), or None.
+        outputs: per flat output: ("tensor", layout), ("size", expr) or ("value", None).
+        policy: the bucketing option.
+        decisions: the pad-safety decisions that were not plain "harmless".
+        counts: verdict -> number of ops.
+    """
+
+    symbols: list
+    sources: list
+    names: list
+    upper: list
+    inputs: list
+    outputs: list
+    policy: object
+    decisions: list
+    counts: dict
+
+
+def bucket_for(n: int, policy, upper: int | None = None) -> int:
+    """The size a program is compiled for when the true size is `n`."""
+    if policy == "off":
+        return n
+    if policy == "pow2" or "pow2" in policy:
+        least = BUCKETING_MIN if policy == "pow2" else policy["pow2"]
+        b = max(least, 1 << max(n - 1, 0).bit_length())
+    elif "multiple" in policy:
+        m = policy["multiple"]
+        b = -(-n // m) * m
+    else:
+        b = next((s for s in policy["sizes"] if s >= n), n)
+    if upper is not None:
+        b = min(b, upper)
+    return max(b, n)
+
+
+def bucket_shapes(gm: torch.fx.GraphModule, options) -> torch.fx.GraphModule:
+    """The pass (see module docstring). Leaves static graphs untouched."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    vals = [n.meta.get("val") for n in placeholders]
+    symbols, sources = _symbols(vals)
+    if not symbols:
+        return gm
+    policy = getattr(options, "bucketing", "pow2")
+    if policy == "off":
+        gm.meta[PLAN] = Refusal("bucketing is off (option bucketing='off')")
+        return gm
+    unbacked = sorted(str(s) for s in symbols if s not in sources)
+    if unbacked:
+        gm.meta[PLAN] = Refusal(f"sizes {unbacked} are not sizes of an input tensor")
+        return gm
+    analysis = pad_safety.analyze(gm, set(symbols))
+    if analysis.unsafe is not None:
+        u = analysis.unsafe
+        gm.meta[PLAN] = Refusal(f"{u.op} at node {u.node}: {u.why}", pad_safety.describe(analysis))
+        return gm
+    order = sorted(symbols, key=lambda s: sources[s])
+    for node, mask in analysis.masks.items():
+        node.meta[MASK] = mask
+    _add_true_sizes(gm, placeholders, vals, len(order))
+    shape_env = _shape_env(vals)
+    gm.meta[PLAN] = BucketPlan(
+        symbols=order,
+        sources=[sources[s] for s in order],
+        names=[_source_name(shape_env, s) for s in order],
+        upper=[_upper(shape_env, s) for s in order],
+        inputs=[_input_exprs(v) for v in vals],
+        outputs=[_output_kind(v, lay) for v, lay in zip(_output_vals(gm), pad_safety.output_layouts(gm, analysis))],
+        policy=policy,
+        decisions=pad_safety.describe(analysis),
+        counts=analysis.summary(),
+    )
+    return gm
+
+
+def _symbols(vals):
+    """Symbols that size tensor inputs, and for each one a (placeholder, dim) that is exactly it."""
+    symbols, sources = set(), {}
+    for i, v in enumerate(vals):
+        if isinstance(v, torch.Tensor):
+            for d, size in enumerate(v.shape):
+                e = pad_safety.expr_of(size)
+                symbols |= {s for s in e.free_symbols}
+                if e.is_Symbol:
+                    sources.setdefault(e, (i, d))
+    for i, v in enumerate(vals):
+        if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol and v.node.expr in symbols:
+            sources.setdefault(v.node.expr, (i, None))
+    return symbols, sources
+
+
+def _add_true_sizes(gm, placeholders, vals, k):
+    fake_mode = next((v.fake_mode for v in vals if hasattr(v, "fake_mode")), None)
+    with gm.graph.inserting_after(placeholders[-1]):
+        node = gm.graph.placeholder(TRUE_SIZES)
+    node.meta[TRUE_SIZES] = True
+    if fake_mode is not None:
+        with fake_mode:
+            node.meta["val"] = torch.empty((k,), dtype=torch.int64)
+    gm.recompile()
+
+
+def _shape_env(vals):
+    for v in vals:
+        sizes = list(v.shape) if isinstance(v, torch.Tensor) else [v]
+        for s in sizes:
+            if isinstance(s, torch.SymInt):
+                return s.node.shape_env
+    return None
+
+
+def _source_name(shape_env, sym) -> str:
+    sources = getattr(shape_env, "var_to_sources", {}).get(sym) or []
+    if not sources:
+        return str(sym)
+    name = sources[0].name
+    return name() if callable(name) else str(name)
+
+
+def _upper(shape_env, sym):
+    rng = getattr(shape_env, "var_to_range", {}).get(sym)
+    upper = getattr(rng, "upper", None)
+    try:
+        return int(upper) if upper is not None and upper.is_finite else None
+    except (TypeError, AttributeError):
+        return None
+
+
+def _input_exprs(v):
+    if isinstance(v, torch.Tensor):
+        return tuple(pad_safety.expr_of(s) for s in v.shape)
+    if isinstance(v, torch.SymInt):
+        return v.node.expr
+    return None
+
+
+def _output_vals(gm):
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    values = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    return [v.meta.get("val") if isinstance(v, torch.fx.Node) else v for v in values]
+
+
+def _output_kind(val, layout):
+    if isinstance(val, torch.Tensor):
+        return ("tensor", layout if layout is not None else tuple((pad_safety.expr_of(s),) for s in val.shape))
+    if isinstance(val, (torch.SymInt, torch.SymFloat)):
+        return ("size", val.node.expr)
+    return ("value", None)
+
+
+def is_padded_expr(expr, plan: BucketPlan) -> bool:
+    return bool(getattr(expr, "free_symbols", set()) & set(plan.symbols))
+
+
+def wrap(runner, gm: torch.fx.GraphModule, options=None):
+    """Puts a BucketedGraph in front of `runner` when the bucketing pass planned one.
+
+    Always records what was decided for this graph (bucketed, or why not) as an event.
+    """
+    from torchtpu.runtime.bucketed import wrap as _wrap
+
+    return _wrap(runner, gm, options)
+
+
+__all__ = ["BucketPlan", "Refusal", "bucket_for", "bucket_shapes", "wrap"]
