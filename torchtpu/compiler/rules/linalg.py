@@ -145,3 +145,16 @@ def _pdist_forward(ctx, x, p=2):
     n = x.shape[0]
     i, j = jnp.triu_indices(n, 1)
     return _pairwise(x[i] - x[j], p)
+
+
+@op(aten._trilinear.default)
+def _trilinear(ctx, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """nn.functional.bilinear's kernel: unsqueeze each input at its dims, multiply, sum `sumdim`."""
+    def expand(x, dims):
+        for d in sorted(dims):
+            x = jnp.expand_dims(x, d)
+        return x
+
+    acc = accumulate_dtype(ctx.out_dtype)
+    out = expand(i1.astype(acc), expand1) * expand(i2.astype(acc), expand2) * expand(i3.astype(acc), expand3)
+    return jnp.sum(out, axis=tuple(sumdim)) if sumdim else out

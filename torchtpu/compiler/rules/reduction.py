@@ -235,3 +235,4 @@ def _histc(ctx, x, bins=100, min=0, max=0):
     index = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
     index = jnp.clip(index, 0, bins - 1)
     return jnp.zeros((bins,), x.dtype).at[index].add(inside.astype(x.dtype))
+

@@ -127,3 +127,22 @@ def _searchsorted(ctx, sorted_sequence, x, *, out_int32=False, right=False, side
 def _bucketize(ctx, x, boundaries, *, out_int32=False, right=False):
     x = jnp.asarray(x, boundaries.dtype) if isinstance(x, (bool, int, float)) else x
     return _search(boundaries, x, right)
+
+
+@op(aten.mode.default)
+def _mode(ctx, x, dim=-1, keepdim=False):
+    """The most frequent value (the smallest among ties) and the last index where it occurs."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    d = dim % x.ndim
+    xm = jnp.moveaxis(x, d, -1)
+    counts = jnp.sum(xm[..., :, None] == xm[..., None, :], axis=-1)
+    most = jnp.max(counts, axis=-1, keepdims=True)
+    top = jnp.finfo(x.dtype).max if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).max \
+        if jnp.issubdtype(x.dtype, jnp.integer) else True
+    value = jnp.min(jnp.where(counts == most, xm, top), axis=-1)
+    positions = jnp.arange(xm.shape[-1])
+    index = jnp.max(jnp.where(xm == value[..., None], positions, -1), axis=-1).astype(jnp.int64)
+    if keepdim:
+        value, index = jnp.expand_dims(value, d), jnp.expand_dims(index, d)
+    return value, index
