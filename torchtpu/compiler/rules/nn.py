@@ -152,7 +152,7 @@ def _bn_legit_functional(ctx, x, weight, bias, running_mean, running_var, traini
     return out, mean, invstd, rm, rv
 
 
-@op(aten._native_batch_norm_legit.default)
+@op(aten._native_batch_norm_legit.default, aten.native_batch_norm.default)
 def _bn_legit(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
     # Only reached without functionalization; running stats are not written back here.
     if not training:
@@ -170,14 +170,6 @@ def _bn_legit_no_stats(ctx, x, weight, bias, training, momentum, eps):
 @op(aten._native_batch_norm_legit_no_training.default)
 def _bn_no_training(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
     return _batch_norm_eval(x, weight, bias, running_mean, running_var, eps), _empty_stats(x), _empty_stats(x)
-
-
-@op(aten.native_batch_norm.default)
-def _native_batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
-    if not training:
-        return _batch_norm_eval(x, weight, bias, running_mean, running_var, eps), _empty_stats(x), _empty_stats(x)
-    out, mean, invstd, _, _ = _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
-    return out, mean, invstd
 
 
 @op(aten.native_batch_norm_backward.default)

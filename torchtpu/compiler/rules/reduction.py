@@ -165,24 +165,24 @@ def _cum_extreme(x, dim, reduce):
     return values, indices
 
 
-@op(aten.cummax.default)
-def _cummax(ctx, x, dim):
+def _nan_sticky(running):
+    """A running max/min after which NaN stays once seen, as in torch."""
     def reduce(v, axis):
         if jnp.issubdtype(v.dtype, jnp.floating):
             nan_seen = lax.cummax(jnp.isnan(v).astype(jnp.int8), axis=axis) > 0
-            return jnp.where(nan_seen, jnp.nan, lax.cummax(v, axis=axis))
-        return lax.cummax(v, axis=axis)
-    return _cum_extreme(x, dim, reduce)
+            return jnp.where(nan_seen, jnp.nan, running(v, axis=axis))
+        return running(v, axis=axis)
+    return reduce
+
+
+@op(aten.cummax.default)
+def _cummax(ctx, x, dim):
+    return _cum_extreme(x, dim, _nan_sticky(lax.cummax))
 
 
 @op(aten.cummin.default)
 def _cummin(ctx, x, dim):
-    def reduce(v, axis):
-        if jnp.issubdtype(v.dtype, jnp.floating):
-            nan_seen = lax.cummax(jnp.isnan(v).astype(jnp.int8), axis=axis) > 0
-            return jnp.where(nan_seen, jnp.nan, lax.cummin(v, axis=axis))
-        return lax.cummin(v, axis=axis)
-    return _cum_extreme(x, dim, reduce)
+    return _cum_extreme(x, dim, _nan_sticky(lax.cummin))
 
 
 @op(aten.logsumexp.default)
