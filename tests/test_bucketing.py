@@ -13,6 +13,7 @@ from torchtpu import events
 from torchtpu.options import Options
 from torchtpu.passes.bucketing import bucket_for
 
+from benchmarks.bucketing_bench import random_decoder_calls
 from helpers import compile_tpu
 
 
@@ -134,16 +135,6 @@ def test_attention_over_padded_keys(causal, n):
 
 # --- a 2-layer HF decoder over random shapes, nothing marked ----------------------------------------
 
-def _decoder_pass(model, compiled, rng, calls):
-    worst = 0.0
-    for _ in range(calls):
-        ids = torch.randint(0, 256, (rng.randint(1, 8), rng.randint(1, 512)))
-        with torch.no_grad():
-            out = compiled(input_ids=ids, use_cache=False).logits
-            ref = model(input_ids=ids, use_cache=False).logits
-        worst = max(worst, ((out - ref).abs().max() / ref.abs().max()).item())
-    return worst
-
 
 def test_hf_decoder_random_shapes_compile_per_bucket():
     from benchmarks.models import hf_llama
@@ -154,9 +145,9 @@ def test_hf_decoder_random_shapes_compile_per_bucket():
     since = len(events.events())
     compiled = compile_tpu(model, fullgraph=False)
     rng = random.Random(0)
-    err1 = _decoder_pass(model, compiled, rng, 40)
+    err1 = random_decoder_calls(model, compiled, rng, 40)
     first = torchtpu.stats()["xla_compiles"]
-    err2 = _decoder_pass(model, compiled, rng, 40)
+    err2 = random_decoder_calls(model, compiled, rng, 40)
     total = torchtpu.stats()["xla_compiles"]
     evs = events.events()[since:]
     buckets = {(e["graph"], e["bucket"]) for e in evs if e["kind"] == "bucket"}
