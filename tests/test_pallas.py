@@ -69,16 +69,21 @@ def test_flash_attention_gqa_interpret():
            kernel="flash_attention")
 
 
-def test_rms_norm_interpret():
-    norm = RMSNorm(48)
-    with torch.no_grad():
-        norm.weight.copy_(torch.randn(48, generator=torch.Generator().manual_seed(2)))
+def _check_norm_against_eager(norm):
+    """Output, input grad and parameter grads of the interpret-mode kernel match eager."""
     x = torch.randn(3, 37, 48)
     events.clear()
     expected = _fwd_bwd(norm, x), {n: p.grad.clone() for n, p in norm.named_parameters()}
     norm.zero_grad()
     actual = _fwd_bwd(compile_tpu(norm, options=INTERPRET), x), {n: p.grad for n, p in norm.named_parameters()}
     assert_close_tree(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_rms_norm_interpret():
+    norm = RMSNorm(48)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(48, generator=torch.Generator().manual_seed(2)))
+    _check_norm_against_eager(norm)
     assert _kernel_choices("rms_norm") == ["interpret"]  # forward only: its backward is ATen (see pass)
 
 
@@ -87,12 +92,7 @@ def test_layer_norm_interpret():
     with torch.no_grad():
         norm.weight.normal_(generator=torch.Generator().manual_seed(3))
         norm.bias.normal_(generator=torch.Generator().manual_seed(4))
-    x = torch.randn(3, 37, 48)
-    events.clear()
-    expected = _fwd_bwd(norm, x), {n: p.grad.clone() for n, p in norm.named_parameters()}
-    norm.zero_grad()
-    actual = _fwd_bwd(compile_tpu(norm, options=INTERPRET), x), {n: p.grad for n, p in norm.named_parameters()}
-    assert_close_tree(actual, expected, rtol=1e-4, atol=1e-4)
+    _check_norm_against_eager(norm)
     assert _kernel_choices("layer_norm") == ["interpret", "interpret"]
 
 

@@ -52,13 +52,10 @@ def log_path() -> Path | None:
         return None
     if asked:
         return Path(asked).expanduser()
-    cache = os.environ.get("TORCHTPU_CACHE_DIR", "").strip()
-    if cache.lower() in ("off", "0", "none", "false"):
-        return None
-    if cache:
-        return Path(cache).expanduser() / "events.jsonl"
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "torchtpu" / "events.jsonl"
+    from torchtpu.cache.store import default_root  # lazy: the cache package imports the compiler
+
+    root = default_root()
+    return None if root is None else root / "events.jsonl"
 
 
 def _append(event: dict) -> None:

@@ -17,7 +17,7 @@ from torchtpu.compiler import dtypes, registry
 from torchtpu.compiler.context import LowerCtx, RngState
 from torchtpu.compiler.errors import LoweringError, user_source_line, write_reproducer
 from torchtpu.compiler.padding import Padding
-from torchtpu.compiler.spec import TensorSpec
+from torchtpu.compiler.spec import TensorSpec, contiguous_stride
 
 
 @dataclasses.dataclass
@@ -41,14 +41,6 @@ class JaxProgram:
     avals: list[jax.ShapeDtypeStruct]
 
 
-def _contiguous_stride(shape) -> tuple[int, ...]:
-    stride, acc = [], 1
-    for size in reversed(shape):
-        stride.append(acc)
-        acc *= max(int(size), 1)
-    return tuple(reversed(stride))
-
-
 def _static_stride(val) -> tuple[int, ...] | None:
     """torch's output stride when it is concrete and differs from the contiguous one."""
     if not isinstance(val, torch.Tensor) or val.ndim < 2:
@@ -61,7 +53,7 @@ def _static_stride(val) -> tuple[int, ...] | None:
     except (TypeError, ValueError, RuntimeError):
         return None
     significant = [(st, sz) for st, sz in zip(stride, shape) if sz > 1]
-    contiguous = [(st, sz) for st, sz in zip(_contiguous_stride(shape), shape) if sz > 1]
+    contiguous = [(st, sz) for st, sz in zip(contiguous_stride(shape), shape) if sz > 1]
     return None if significant == contiguous else stride
 
 

@@ -24,6 +24,15 @@ def spec_of(values) -> tuple:
     )
 
 
+def contiguous_stride(shape) -> tuple[int, ...]:
+    """torch's row-major strides for `shape` (size-0 and size-1 dims count as 1)."""
+    stride, acc = [], 1
+    for size in reversed(shape):
+        stride.append(acc)
+        acc *= max(int(size), 1)
+    return tuple(reversed(stride))
+
+
 def is_static(example_inputs) -> bool:
     """True when fake example inputs carry no symbolic sizes or values."""
     for x in example_inputs:

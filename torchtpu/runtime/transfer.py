@@ -16,15 +16,9 @@ import torch
 from jax._src.lib import _jax
 from torch.utils.dlpack import from_dlpack
 
+from torchtpu.compiler.spec import contiguous_stride
+
 _KDLCPU = 1
-
-
-def _contiguous_stride(shape) -> tuple[int, ...]:
-    stride, acc = [], 1
-    for size in reversed(shape):
-        stride.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(stride))
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
@@ -36,9 +30,9 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    if t.stride() != _contiguous_stride(t.shape):
+    if t.stride() != contiguous_stride(t.shape):
         t = t.clone(memory_format=torch.contiguous_format)
-        if t.stride() != _contiguous_stride(t.shape):
+        if t.stride() != contiguous_stride(t.shape):
             t = torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
     return t
 
