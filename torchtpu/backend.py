@@ -11,10 +11,11 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from torchtpu import counters, events
+from torchtpu import counters, events, spmd
 from torchtpu.compiler.decompositions import decomposition_table
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.options import Options
+from torchtpu.runtime import lean
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
@@ -32,14 +33,24 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
     events.sync_dynamo()  # Dynamo records a frame's metrics after its backend returns
     events.record("graph", compile_id=_compile_id(), source=_source(gm), inputs=_describe(example_inputs),
                   ops=sum(n.op == "call_function" for n in gm.graph.nodes), options=opts.key_items())
+    # with a mesh, parameters are sharded by name: find which graph inputs they are
+    spmd_inputs = spmd.graph_inputs(gm, opts.tp_plan) if opts.mesh is not None else None
+
+    inference = {}
 
     def compiler(name):
         def compile_fn(aten_gm, aten_inputs):
             counters.bump("aot_graphs")
-            return compile_graph(aten_gm, aten_inputs, opts, name=name)
+            meta = _fw_metadata()
+            resident = frozenset(meta.static_input_indices) if meta and name != "backward" else frozenset()
+            runner = compile_graph(aten_gm, aten_inputs, opts, name=name, spmd_inputs=spmd_inputs,
+                                   resident=resident)
+            if name == "inference":
+                inference.update(runner=runner, meta=meta, inputs=len(aten_gm.graph.find_nodes(op="placeholder")))
+            return runner
         return compile_fn
 
-    return aot_module_simplified(
+    wrapped = aot_module_simplified(
         gm,
         example_inputs,
         fw_compiler=compiler("forward"),
@@ -48,6 +59,18 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
         decompositions=decomposition_table(),
         partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
     )
+    if not inference:
+        return wrapped
+    why = lean.needs_wrapper(inference["meta"], gm, inference["inputs"], example_inputs)
+    if why is not None:
+        events.record("call_path", graph=inference["runner"].name, path="aot_autograd", reason=why)
+        return wrapped
+    return lean.direct(inference["runner"], inference["runner"].name)
+
+
+def _fw_metadata():
+    context = torch._guards.TracingContext.try_get()
+    return context.fw_metadata if context is not None else None
 
 
 def _compile_id() -> str | None:

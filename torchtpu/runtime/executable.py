@@ -15,7 +15,7 @@ from jax.extend import backend as jax_backend
 
 from torchtpu.compiler.lower import OutputSlot
 from torchtpu.compiler.spec import spec_of
-from torchtpu.runtime import transfer
+from torchtpu.runtime import residency, transfer
 
 
 class CompiledGraph:
@@ -28,10 +28,12 @@ class CompiledGraph:
 
     _boxed_call = True  # AOTAutograd hands us the argument list and lets us clear it
 
-    def __init__(self, build: Callable, name: str):
+    def __init__(self, build: Callable, name: str, resident: frozenset[int] = frozenset()):
         self._build = build
         self.name = name
+        self.resident = resident  # argument positions of parameters and buffers
         self._executables: dict[tuple, "Executable"] = {}
+        self._only: Executable | None = None
 
     def executable_for(self, spec: tuple) -> "Executable":
         exe = self._executables.get(spec)
@@ -39,9 +41,14 @@ class CompiledGraph:
             exe = self._executables[spec] = self._build(spec)
         return exe
 
+    def fix_signature(self, spec: tuple) -> None:
+        """Builds the one executable of a graph with static inputs. Dynamo's guards already check
+        every input's shape, dtype and strides, so calls skip computing the signature."""
+        self._only = self.executable_for(spec)
+
     def __call__(self, args: list):
-        exe = self.executable_for(spec_of(args))
-        return exe.run(args)
+        exe = self._only or self.executable_for(spec_of(args))
+        return exe.run(args, self.resident)
 
 
 @dataclasses.dataclass
@@ -79,6 +86,16 @@ class Executable:
         self.device = device
         self._execute = getattr(xla_executable, "execute_sharded", None)
 
+    # On the CPU an input is a zero-copy view of the tensor's memory: nothing is transferred,
+    # and a view held between calls would keep the tensor alive. Tests set this to check, on
+    # the CPU, that resident copies follow in-place updates.
+    RESIDENT_ON_CPU = False
+
+    def _put(self, t: torch.Tensor):
+        if transfer.zero_copy(self.device):
+            t = t.detach().clone()  # a copy, as on an accelerator; the view holds only the clone
+        return transfer.to_device(t, self.device)
+
     @classmethod
     def from_compiled(cls, compiled: jax.stages.Compiled, program, device) -> "Executable":
         """Wraps `jax.jit(fn, keep_unused=True)....compile()`: every aval is one parameter."""
@@ -98,26 +115,41 @@ class Executable:
         client = jax_backend.get_backend(device.platform)
         return cls(client.deserialize_executable(blob, [device], None), layout, device)
 
-    def run(self, args: list) -> list:
+    def run(self, args: list, resident: frozenset[int] = frozenset()) -> list:
+        """Runs on `args` (cleared: their memory can go once on the device).
+
+        Args:
+            args: the graph's arguments.
+            resident: positions of parameters and buffers: their device copies are made once
+                and reused while the tensor is unchanged (runtime/residency.py).
+        """
         if self._execute is None:
             raise NotRunnableHere(f"this executable was compiled for {self.device} without one attached")
-        layout = self.layout
+        layout, device = self.layout, self.device
         like = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-        with jax.enable_x64(True):
-            arrays = [transfer.to_device(args[i], self.device) for i in layout.tensor_inputs]
-            if layout.uses_rng:
-                arrays.insert(0, jax.device_put(transfer.random_key(), self.device))
-            results = self._execute(arrays).disassemble_into_single_device_arrays()
+        if resident and (self.RESIDENT_ON_CPU or not transfer.zero_copy(device)):
+            arrays = [residency.resident(args[i], device, self._put) if i in resident
+                      else transfer.to_device(args[i], device) for i in layout.tensor_inputs]
+        else:
+            arrays = [transfer.to_device(args[i], device) for i in layout.tensor_inputs]
+        if layout.uses_rng:
+            arrays.insert(0, jax.device_put(transfer.random_key(), device))
+        results = self._execute(arrays).disassemble_into_single_device_arrays()
         args.clear()
-        out = []
-        for slot in layout.outputs:
-            if slot.kind == "tensor":
-                t = transfer.to_torch(results[slot.index][0], like)
-                if slot.stride is not None:
-                    t = torch.empty_strided(t.shape, slot.stride, dtype=t.dtype, device=t.device).copy_(t)
-                out.append(t)
-            elif slot.kind == "value":
-                out.append(slot.value)
-            else:
-                out.append(None)
-        return out
+        return torch_outputs(layout, lambda i: transfer.to_torch(results[i][0], like))
+
+
+def torch_outputs(layout: ProgramLayout, tensor_at: Callable[[int], torch.Tensor]) -> list:
+    """The graph's outputs as torch values; `tensor_at(i)` is the program's i-th result as a tensor."""
+    out = []
+    for slot in layout.outputs:
+        if slot.kind == "tensor":
+            t = tensor_at(slot.index)
+            if slot.stride is not None:
+                t = torch.empty_strided(t.shape, slot.stride, dtype=t.dtype, device=t.device).copy_(t)
+            out.append(t)
+        elif slot.kind == "value":
+            out.append(slot.value)
+        else:
+            out.append(None)
+    return out

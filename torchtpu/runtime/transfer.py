@@ -5,8 +5,9 @@ through the host. Results come back on the torch device the inputs were on.
 
 The public `jax.dlpack.from_dlpack` costs ≈37 µs per tensor here (checks, a canonicalising
 `jnp.asarray`, placement); the PJRT call underneath costs ≈7 µs. Back to torch, the public
-path costs ≈10 µs and the capsule call ≈1 µs. The CPU path calls PJRT directly both ways
-(see docs/DECISIONS.md).
+path costs ≈10 µs and the capsule call ≈1 µs. The CPU path calls PJRT directly both ways, and
+takes torch's capsule from `torch._C._to_dlpack` (0.5 µs) rather than `Tensor.__dlpack__`
+(≈9 µs of Python argument handling whose checks `_dense` already made). See docs/DECISIONS.md.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import jax
 import numpy as np
 import torch
 from jax._src.lib import _jax
-from torch.utils.dlpack import from_dlpack
 
 from torchtpu.compiler.spec import contiguous_stride
 
@@ -24,6 +24,9 @@ _KDLCPU = 1
 def _dense(t: torch.Tensor) -> torch.Tensor:
     """A tensor whose strides are exactly row-major: PJRT executables take the default layout,
     and DLPack would otherwise carry torch's free strides of size-1 dims through."""
+    if (not t.requires_grad and t.is_contiguous() and 1 not in t.shape and 0 not in t.shape
+            and not t.is_conj() and not t.is_neg()):
+        return t  # the common case, checked cheaply
     if t.requires_grad:
         t = t.detach()
     if t.is_conj():
@@ -38,7 +41,12 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 
 def _from_host_dlpack(t: torch.Tensor, device: jax.Device):
-    return _jax.dlpack_managed_tensor_to_buffer(t.__dlpack__(), device, None, None, _KDLCPU)
+    return _jax.dlpack_managed_tensor_to_buffer(torch._C._to_dlpack(t), device, None, None, _KDLCPU)
+
+
+def zero_copy(device) -> bool:
+    """Whether `to_device` makes a view of the tensor's memory rather than a copy."""
+    return getattr(device, "platform", None) == "cpu"
 
 
 def to_device(t: torch.Tensor, device: jax.Device):
@@ -53,7 +61,7 @@ def to_device(t: torch.Tensor, device: jax.Device):
 def to_torch(array, like_device: torch.device | None = None) -> torch.Tensor:
     platform = next(iter(array.devices())).platform
     if platform == "cpu":  # zero copy; the PJRT call under torch.from_dlpack(array), ≈1 µs vs ≈10
-        out = from_dlpack(_jax.buffer_to_dlpack_managed_tensor(array, stream=None))
+        out = torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(array, stream=None))
         return out if like_device is None or like_device.type == "cpu" else out.to(like_device)
     if platform != "gpu":
         array = jax.device_put(array, jax.devices("cpu")[0])

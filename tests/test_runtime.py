@@ -1,0 +1,119 @@
+"""The runtime's call path: resident parameters never go stale, and the direct call path is
+taken only when AOTAutograd's wrapper has nothing to do."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import torchtpu
+from helpers import compile_tpu
+from torchtpu import compiler, events  # noqa: F401  (the compiler package loads the runtime)
+from torchtpu.runtime import residency
+from torchtpu.runtime.executable import Executable
+
+
+def test_resident_copy_is_reused_until_the_tensor_changes():
+    t = torch.randn(4)
+    puts = []
+
+    def put(x):
+        puts.append(x.clone())
+        return puts[-1]
+
+    first = residency.resident(t, "dev", put)
+    assert residency.resident(t, "dev", put) is first and len(puts) == 1
+    t.add_(1)  # bumps the version counter
+    second = residency.resident(t, "dev", put)
+    assert len(puts) == 2 and torch.equal(second, t)
+    residency.resident(t, "other", put)  # another placement is another copy
+    assert len(puts) == 3
+    before = residency.size()
+    del t
+    gc.collect()
+    assert residency.size() == before - 2  # both placements forgotten with the tensor
+
+
+@pytest.fixture
+def resident_on_cpu(monkeypatch):
+    """Parameters as they are on an accelerator: copied to the device once, then reused."""
+    monkeypatch.setattr(Executable, "RESIDENT_ON_CPU", True)
+    residency.clear()
+    yield
+    residency.clear()
+
+
+def test_parameters_follow_optimizer_steps_and_load_state_dict(resident_on_cpu):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    compiled = compile_tpu(model)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        assert residency.size() == 4  # two weights, two biases
+        copies = residency.size()
+        torch.testing.assert_close(compiled(x), model(x))
+        assert residency.size() == copies
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(x).sum().backward()
+    opt.step()  # in-place updates: every parameter's version changes
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        fresh = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+        model.load_state_dict(fresh)
+        torch.testing.assert_close(compiled(x), model(x))
+        model[0].weight.copy_(torch.zeros(16, 8))
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_training_step_with_resident_parameters_matches_eager(resident_on_cpu):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    reference.load_state_dict(model.state_dict())
+    compiled = compile_tpu(model)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference)]
+    x, y = torch.randn(16, 8), torch.randn(16, 1)
+    for _ in range(5):
+        for m, opt in zip((compiled, reference), opts):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+    assert residency.size() == 4  # the forward graph's parameters were resident
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def _call_paths():
+    return [e for e in events.events() if e["kind"] == "call_path"]
+
+
+def test_plain_inference_graph_is_called_directly():
+    before = len(_call_paths())
+    f = compile_tpu(lambda x: x * 2 + 1)
+    x = torch.randn(16)
+    torch.testing.assert_close(f(x), x * 2 + 1)
+    paths = _call_paths()[before:]
+    assert [p["path"] for p in paths] == ["direct"]
+
+
+@pytest.mark.parametrize("fn, reason", [
+    (lambda x: x.add_(1) * 2, "an input is mutated"),
+    (lambda x: (x.view(-1), x + 1), "an output aliases an input or another output"),
+])
+def test_wrapper_kept_where_it_has_work(fn, reason):
+    before = len(_call_paths())
+    x = torch.randn(4, 4)
+    expected = fn(x.clone())
+    got_in = x.clone()
+    got = compile_tpu(fn)(got_in)
+    torch.testing.assert_close(got, expected)
+    if isinstance(got, tuple):  # the view is still a view of the input
+        assert got[0].data_ptr() == got_in.data_ptr()
+    else:  # the mutation reached the caller's tensor
+        torch.testing.assert_close(got_in, x + 1)
+    paths = _call_paths()[before:]
+    assert [(p["path"], p.get("reason")) for p in paths] == [("aot_autograd", reason)]
+

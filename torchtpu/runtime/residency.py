@@ -1,0 +1,56 @@
+"""Device copies of parameters and buffers, made once and reused while the tensor is unchanged.
+
+A resident copy is keyed by the tensor's identity and its placement (a device or a sharding),
+and is valid while the tensor object is alive and its version counter (`tensor._version`,
+bumped by every in-place op: optimizer steps, `load_state_dict`, `.copy_()`) and storage are
+those seen when the copy was made. Anything else is a miss and a fresh `put`.
+
+Mutations through `.data` (`p.data.copy_(...)`) do not bump the parameter's version counter;
+PyTorch's autograd does not see them either. On the CPU that does not matter (the device copy
+is a zero-copy view of the tensor's memory); on an accelerator use `with torch.no_grad():
+p.copy_(...)`, which every optimizer and `load_state_dict` already do.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Callable, Hashable
+
+import torch
+
+_entries: dict[tuple[int, Hashable], tuple] = {}
+
+
+def resident(t: torch.Tensor, placement: Hashable, put: Callable[[torch.Tensor], object]):
+    """The device copy of `t` at `placement`, made by `put(t)` on a miss.
+
+    Args:
+        t: a parameter or buffer (any tensor that outlives calls).
+        placement: hashable: the jax device, or a sharding.
+        put: makes the device copy.
+
+    Returns:
+        The device array, shared by all calls that see `t` unchanged.
+    """
+    key = (id(t), placement)
+    state = (t._version, t.data_ptr(), t.shape, t.stride(), t.dtype)
+    entry = _entries.get(key)
+    if entry is not None and entry[0]() is t and entry[1] == state:
+        return entry[2]
+    array = put(t)
+    _entries[key] = (weakref.ref(t, lambda _ref, key=key: _forget(key, _ref)), state, array)
+    return array
+
+
+def _forget(key, ref) -> None:
+    entry = _entries.get(key)
+    if entry is not None and entry[0] is ref:
+        del _entries[key]
+
+
+def clear() -> None:
+    """Drops every resident copy (tests; freeing device memory)."""
+    _entries.clear()
+
+
+def size() -> int:
+    return len(_entries)
