@@ -91,8 +91,8 @@ def mystery_op():
 
 def test_missing_rule_names_op_node_source_and_reproducer(mystery_op, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHTPU_DUMP_DIR", str(tmp_path))
-    with pytest.raises(Exception) as info:
-        compile_tpu(_uses_unlowerable)(torch.randn(3))
+    with pytest.raises(Exception) as info:  # the default, fallback="defer", would run it on the host
+        compile_tpu(_uses_unlowerable, options={"fallback": "error"})(torch.randn(3))
     text = str(info.value)
     assert "no lowering for torchtpu_test.mystery.default" in text
     assert "FX node: %mystery" in text

@@ -10,7 +10,9 @@ _COUNTERS = (
     "xla_compiles",  # XLA compilations performed in this process
     "memory_hits",  # executables found in the in-process cache
     "disk_hits",  # executables found in the on-disk cache
-    "fallback_ops",  # ATen ops run eagerly instead of on the device
+    "fallback_ops",  # ATen ops run eagerly instead of on the device (counted per compiled graph)
+    "device_regions",  # device programs graphs with host ops were split into (per compiled graph)
+    "transfers",  # tensors that crossed host<->device between a graph's programs (per call)
 )
 
 _lock = threading.Lock()

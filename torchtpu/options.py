@@ -21,12 +21,24 @@ class Options:
             or {"pow2": MIN} (powers of two, at least MIN).
         pallas: Pallas kernels (attention, norms): "auto" (on a TPU target; XLA's own ops
             elsewhere), "interpret" (the TPU kernels in interpret mode, on any platform), "off".
+        fallback: ops the device cannot run (no rule, `.item()`, data-dependent shapes):
+            "defer" (default; they run eagerly between the fewest device programs, see
+            passes/defer_and_fuse.py) or "error" (the lowering error that names the op).
+        mode: "fused" (default; one program per device region) or "strict" (one program per
+            ATen op, the baseline of benchmarks/fuse_bench.py). Not torch.compile's `mode=`.
+        mesh: {"dp": N, "tp": M}: run partitioned over a device mesh (see torchtpu/spmd, docs/spmd.md).
+        tp_plan: with a mesh: "auto" (the Hugging Face model's own plan) or {pattern: "colwise" |
+            "rowwise" | "replicate" | "sequence"}; None: parameters replicated (data parallel).
     """
 
     platform: str | None = None
     dump_dir: str | None = None
     bucketing: Any = "pow2"
     pallas: str = "auto"
+    fallback: str = "defer"
+    mode: str = "fused"
+    mesh: Any = None
+    tp_plan: Any = None
 
     @classmethod
     def parse(cls, options: dict[str, Any] | None) -> "Options":
@@ -39,16 +51,36 @@ class Options:
             )
         if "bucketing" in options:
             options["bucketing"] = _parse_bucketing(options["bucketing"])
+        if "mesh" in options or "tp_plan" in options:
+            options["mesh"], options["tp_plan"] = _parse_spmd(options.get("mesh"), options.get("tp_plan"))
         parsed = cls(**options)
         if parsed.platform not in (None, "cpu", "gpu", "tpu"):
             raise ValueError(f"torchtpu: option platform={parsed.platform!r}; use 'cpu', 'gpu' or 'tpu'")
         if parsed.pallas not in ("auto", "interpret", "off"):
             raise ValueError(f"torchtpu: option pallas={parsed.pallas!r}; use 'auto', 'interpret' or 'off'")
+        if parsed.fallback not in ("defer", "error"):
+            raise ValueError(f"torchtpu: option fallback={parsed.fallback!r}; use 'defer' or 'error'")
+        if parsed.mode not in ("fused", "strict"):
+            raise ValueError(f"torchtpu: option mode={parsed.mode!r}; use 'fused' or 'strict'")
         return parsed
 
     def key_items(self) -> tuple:
         """The options that change the compiled program (dump_dir does not)."""
-        return (("bucketing", json.dumps(self.bucketing, sort_keys=True)), ("pallas", self.pallas))
+        items = (("bucketing", json.dumps(self.bucketing, sort_keys=True)), ("pallas", self.pallas))
+        if self.mesh is not None:  # only then: keys of unsharded programs stay as they were
+            items += (("mesh", json.dumps(self.mesh)), ("tp_plan", json.dumps(self.tp_plan)))
+        return items
+
+
+def _parse_spmd(mesh, tp_plan):
+    """Validates mesh and tp_plan together (a plan needs a mesh); see torchtpu/spmd."""
+    from torchtpu.spmd.mesh import parse_mesh
+    from torchtpu.spmd.plan import parse_plan
+
+    mesh, tp_plan = parse_mesh(mesh), parse_plan(tp_plan)
+    if tp_plan is not None and mesh is None:
+        raise ValueError("torchtpu: option tp_plan needs a mesh, e.g. options={'mesh': {'tp': 4}, 'tp_plan': ...}")
+    return mesh, tp_plan
 
 
 def _parse_bucketing(value):

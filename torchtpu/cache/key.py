@@ -49,6 +49,9 @@ def key_for(gm: torch.fx.GraphModule, spec: tuple, options, target: Target) -> C
     Raises:
         Unkeyable: some part cannot be keyed reliably (the caller bypasses the cache).
     """
+    if getattr(options, "mesh", None) is not None:
+        # the runtime of a sharded program (jax's Compiled, its shardings) has no cache format yet
+        raise Unkeyable(f"sharded program (mesh {dict(options.mesh)}): not cached")
     graph = _graph_text(gm)
     ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     libs = versions.libraries()

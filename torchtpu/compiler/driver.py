@@ -8,20 +8,21 @@ import jax
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from torchtpu import cache, counters, events
+from torchtpu import cache, counters, events, spmd
 from torchtpu.compiler import dump
 from torchtpu.compiler.lower import to_jax_program
 from torchtpu.compiler.spec import describe, is_static, spec_of
 from torchtpu.options import Options
-from torchtpu.passes import bucketing, run_passes
-from torchtpu.runtime import target as targets
+from torchtpu.passes import bucketing, defer_and_fuse, run_passes
+from torchtpu.runtime import fused, target as targets
 from torchtpu.runtime.executable import CompiledGraph, Executable
 
 _graph_ids = itertools.count()
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | None = None,
-                  name: str = "graph") -> CompiledGraph:
+                  name: str = "graph", spmd_inputs: spmd.GraphInputs | None = None,
+                  resident: frozenset[int] = frozenset()) -> CompiledGraph:
     """Compiles an ATen FX graph (as AOTAutograd hands it over) for the process's platform.
 
     Args:
@@ -29,6 +30,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
         example_inputs: fake or real tensors and SymInts, one per placeholder.
         options: backend Options.
         name: shown in dumps and the compile-event record.
+        spmd_inputs: which inputs are which parameters (with the mesh option; from the backend).
+        resident: positions of the inputs that are parameters or buffers (kept on the device).
 
     Returns:
         A boxed callable (takes the argument list) that returns the graph's outputs as
@@ -38,8 +41,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
     """
     options = options or Options()
     name = f"{name}_{next(_graph_ids)}"
+    # 0. DeferAndFuse: ops the device cannot run (or strict mode) -> one compiled program per
+    #    device region, host ops eagerly between them; each region comes back through here.
+    if defer_and_fuse.applies(gm, options):
+        return fused.compile_fused(gm, example_inputs, options, name, compile_region=compile_graph)
     gm = run_passes(gm, options)                          # 1. graph passes
     target, device = targets.resolve(options)             # the device, or a TPU topology (deviceless AOT)
+    placement = spmd.placement_for(gm, options, spmd_inputs, target)  # mesh option: input shardings, else None
 
     def build(spec: tuple) -> Executable:
         key = cache.key_for(gm, spec, options, target, name)         # 2. cache key (None: bypass, logged)
@@ -47,32 +55,37 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
         if exe is not None:
             return exe
         program = to_jax_program(gm, spec, target.platform, options, device)  # 4. ATen -> JAX function
-        lowered, compiled, lower_s, compile_s = _lower_and_compile(program)   # 5. StableHLO, 6. XLA
+        lowered, compiled, lower_s, compile_s = _lower_and_compile(program, placement, spec)  # 5. StableHLO, 6. XLA
         counters.bump("xla_compiles")
         counters.add_seconds("lower", lower_s)
         counters.add_seconds("compile", compile_s)
         events.record("compile", graph=name, signature=describe(spec), platform=target.platform,
                       lower_ms=round(lower_s * 1e3, 3), compile_ms=round(compile_s * 1e3, 3))
         dump.write(options, name, gm, spec, lowered, lower_s, compile_s)
-        exe = Executable.from_compiled(compiled, program, device)   # 7. runtime wrapper
+        if placement is None:
+            exe = Executable.from_compiled(compiled, program, device)   # 7. runtime wrapper
+        else:  # partitioned over the mesh by XLA; records the shardings and collectives
+            exe = spmd.sharded_executable(compiled, program, placement, spec, target, name)
         cache.store(key, exe, lowered, target=target, graph_name=name, inputs=describe(spec),
                     lower_ms=round(lower_s * 1e3, 3), compile_ms=round(compile_s * 1e3, 3))  # 8. atomic put
         return exe
 
-    runner = CompiledGraph(build, name)
+    runner = CompiledGraph(build, name, resident)
     runner = bucketing.wrap(runner, gm, options)          # symbolic sizes: pad to buckets, slice back
     if is_static(example_inputs):
         with unset_fake_temporarily():  # AOTAutograd calls us under its fake mode
-            runner.executable_for(spec_of(example_inputs))
+            runner.fix_signature(spec_of(example_inputs))
     return runner
 
 
-def _lower_and_compile(program):
+def _lower_and_compile(program, placement=None, spec=()):
     """jax.jit(...).lower() -> StableHLO, .compile() -> XLA via PJRT. Every aval stays a parameter
-    (keep_unused) so the executable can be called directly and restored from the cache."""
+    (keep_unused) so the executable can be called directly and restored from the cache. With a
+    placement, the avals carry the inputs' shardings and XLA partitions the program (SPMD)."""
+    avals = program.avals if placement is None else spmd.sharded_avals(program, placement, spec)
     t0 = time.perf_counter()
     with jax.enable_x64(True):
-        lowered = jax.jit(program.fn, keep_unused=True).trace(*program.avals).lower()
+        lowered = jax.jit(program.fn, keep_unused=True).trace(*avals).lower()
         t1 = time.perf_counter()
         compiled = lowered.compile()
     return lowered, compiled, t1 - t0, time.perf_counter() - t1

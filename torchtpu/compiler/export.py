@@ -9,11 +9,13 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from torchtpu import spmd
 from torchtpu.compiler.decompositions import decomposition_table
 from torchtpu.compiler.lower import to_jax_program
 from torchtpu.compiler.spec import spec_of
 from torchtpu.options import Options
 from torchtpu.passes import run_passes
+from torchtpu.runtime import target as targets
 
 
 @dataclasses.dataclass
@@ -53,14 +55,22 @@ def export(fn_or_module, *example_args, platforms=("cpu", "tpu"), options: dict 
     target = platforms[0] if len(platforms) == 1 else "portable"
     captured: list[jax.export.Exported] = []
 
+    spmd_inputs = None
+
     def forward_compiler(gm, inputs):
         with unset_fake_temporarily():
-            program = to_jax_program(run_passes(gm, opts), spec_of(inputs), target, opts)
+            gm, spec = run_passes(gm, opts), spec_of(inputs)
+            program = to_jax_program(gm, spec, target, opts)
+            # with a mesh, the inputs' shardings go into the artifact (sdy.sharding per argument, nr_devices)
+            placement = spmd.placement_for(gm, opts, spmd_inputs, targets.resolve(opts)[0])
+            avals = program.avals if placement is None else spmd.sharded_avals(program, placement, spec)
             with jax.enable_x64(True):
-                captured.append(jax.export.export(jax.jit(program.fn), platforms=platforms)(*program.avals))
+                captured.append(jax.export.export(jax.jit(program.fn), platforms=platforms)(*avals))
         return make_boxed_func(gm.forward)
 
     def backend(gm, inputs):
+        nonlocal spmd_inputs
+        spmd_inputs = spmd.graph_inputs(gm, opts.tp_plan) if opts.mesh is not None else None
         return aot_module_simplified(gm, inputs, fw_compiler=forward_compiler,
                                      decompositions=decomposition_table())
 

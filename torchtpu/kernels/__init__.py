@@ -8,6 +8,7 @@ own ops, and records the choice as a "kernel" compile event:
 | "auto" (default) | Mosaic kernel (`tpu_custom_call`) | XLA's own ops |
 | "interpret" | the TPU kernel in interpret mode | the TPU kernel in interpret mode |
 | "off" | XLA's own ops | XLA's own ops |
+| "auto" with option `mesh` | XLA's own ops (XLA does not partition Mosaic calls) | XLA's own ops |
 
 Interpret mode runs a kernel's body as ordinary XLA ops (a loop over the grid), so its
 numerics are checked on any machine. A multi-platform ("portable") export never gets a
@@ -44,6 +45,8 @@ def choose(ctx, kernel: str, why_not: str | None = None) -> str:
         choice, why = XLA, "bucket padding inside the normalised dim"  # the kernel would read it
     elif mode == "interpret":
         choice, why = INTERPRET, "option pallas='interpret'"
+    elif getattr(ctx.options, "mesh", None) is not None:  # XLA's partitioner cannot split a Mosaic call
+        choice, why = XLA, "option mesh: Mosaic kernels are not partitioned by XLA (they would need shard_map)"
     elif ctx.platform == "tpu":
         choice, why = MOSAIC, "TPU target"
     else:
