@@ -36,6 +36,13 @@ CASES = {
         lambda: torch.nn.ConvTranspose2d(4, 6, kernel_size=3, stride=2, padding=1, output_padding=1, groups=2),
         (2, 4, 5, 7)),
     "conv1d": (lambda: torch.nn.Conv1d(3, 5, kernel_size=4, stride=3, padding=2), (2, 3, 17)),
+    # depthwise: on the CPU a sum of shifted slices, one per kernel tap
+    "depthwise_conv2d_strided_dilated": (
+        lambda: torch.nn.Conv2d(5, 5, kernel_size=(3, 4), stride=(2, 3), padding=(2, 1), dilation=(2, 1), groups=5),
+        (2, 5, 13, 12)),
+    "depthwise_conv1d": (lambda: torch.nn.Conv1d(4, 4, kernel_size=5, padding=2, groups=4), (3, 4, 9)),
+    "depthwise_multiplier_conv2d": (lambda: torch.nn.Conv2d(3, 6, kernel_size=3, groups=3), (2, 3, 7, 7)),
+    "grouped_conv3d": (lambda: torch.nn.Conv3d(4, 6, kernel_size=2, stride=2, padding=1, groups=2), (1, 4, 5, 6, 7)),
     "conv3d": (lambda: torch.nn.Conv3d(2, 4, kernel_size=2, stride=(1, 2, 2), padding=1), (1, 2, 5, 6, 7)),
     "max_pool2d": (lambda: torch.nn.MaxPool2d(3, stride=2, padding=1), (2, 3, 9, 10)),
     "max_pool2d_ceil_dilated": (lambda: torch.nn.MaxPool2d(2, stride=2, dilation=2, ceil_mode=True), (2, 3, 9, 10)),

@@ -4,6 +4,9 @@ The backward op is the VJP of the forward rule, so the two can never disagree.
 """
 from __future__ import annotations
 
+import itertools
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -30,8 +33,12 @@ def _dimension_numbers(nd):
         ("NC" + spatial, "OI" + spatial, "NC" + spatial))
 
 
-def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
-    """torch's convolution (no bias), computed in x's dtype with float32 accumulation."""
+def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, platform=None):
+    """torch's convolution (no bias), computed in x's dtype with float32 accumulation.
+
+    On the CPU, XLA's grouped and depthwise convolutions are slow (measured 3x and 130x
+    slower than the forms below, docs/DECISIONS.md), so those take another form there.
+    """
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     output_padding = _expand(output_padding or 0, nd)
@@ -39,6 +46,13 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     integer = not jnp.issubdtype(x.dtype, jnp.inexact)
     kw = {} if integer else dict(precision=precision(), preferred_element_type=acc)
     dn = _dimension_numbers(nd)
+    if platform == "cpu" and not transposed and not integer and groups > 1:
+        if groups == x.shape[1] == w.shape[0] and math.prod(w.shape[2:]) <= _MAX_SHIFTED_TAPS:
+            return _depthwise_by_shifts(x.astype(acc), w.astype(acc), stride, padding, dilation)
+        if groups <= _MAX_SPLIT_GROUPS:
+            xs, ws = jnp.split(x, groups, axis=1), jnp.split(w, groups, axis=0)
+            return jnp.concatenate([conv(a, b, stride, padding, dilation, False, None, 1)
+                                    for a, b in zip(xs, ws)], axis=1)
     if not transposed:
         return lax.conv_general_dilated(
             x, w, window_strides=stride, padding=[(p, p) for p in padding],
@@ -57,6 +71,27 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
         rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups, **kw)
 
 
+_MAX_SHIFTED_TAPS = 64  # kernel elements: one multiply-add each, fused by XLA into one loop
+_MAX_SPLIT_GROUPS = 16
+
+
+def _depthwise_by_shifts(x, w, stride, padding, dilation):
+    """A depthwise convolution (one filter per channel) as a sum of shifted, strided slices of
+    the padded input, each scaled by one kernel tap."""
+    nd = x.ndim - 2
+    x = jnp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    k = w.shape[2:]
+    out_size = [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(x.shape[2:], k, stride, dilation)]
+    out = None
+    for tap in itertools.product(*(range(kk) for kk in k)):
+        start = [0, 0] + [t * d for t, d in zip(tap, dilation)]
+        limit = list(x.shape[:2]) + [b + s * (o - 1) + 1 for b, s, o in zip(start[2:], stride, out_size)]
+        piece = lax.slice(x, start, limit, [1, 1] + list(stride))
+        term = piece * w[(slice(None), 0) + tap].reshape((1, -1) + (1,) * nd)
+        out = term if out is None else out + term
+    return out
+
+
 def _add_bias(out, bias):
     if bias is None:
         return out
@@ -65,13 +100,15 @@ def _add_bias(out, bias):
 
 @op(aten.convolution.default)
 def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups), bias)
+    return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform),
+                     bias)
 
 
 @op(aten._convolution.default)
 def _convolution_full(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
                       benchmark=False, deterministic=False, cudnn_enabled=True, allow_tf32=True):
-    return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups), bias)
+    return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform),
+                     bias)
 
 
 @op(aten.convolution_backward.default)
@@ -81,7 +118,8 @@ def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation
     grad_input = grad_weight = grad_bias = None
     if output_mask[0] or output_mask[1]:
         def forward(x_, w_):
-            return conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups).astype(acc)
+            return conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups,
+                        ctx.platform).astype(acc)
 
         _, vjp = jax.vjp(forward, x.astype(acc) if acc != x.dtype else x, w.astype(acc) if acc != w.dtype else w)
         grad_input, grad_weight = vjp(grad.astype(acc))

@@ -30,3 +30,12 @@ def _sym_stride(ctx, x, dim):
 @op(aten.sym_storage_offset.default)
 def _sym_storage_offset(ctx, x):
     return 0
+
+
+@op(aten._assert_scalar.default)
+def _assert_scalar(ctx, cond, message):
+    # Dynamo's runtime checks on (unbacked) sizes. Sizes are concrete here, except under
+    # bucketing, where the check is about the true sizes and the program's are padded.
+    if isinstance(cond, bool) and not cond and ctx.padding is None:
+        raise ValueError(f"size check failed: {message}")
+    return None
