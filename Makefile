@@ -4,9 +4,9 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PIP_PKGS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 numpy networkx flatbuffers \
-            expecttest pytest hypothesis transformers
+            expecttest pytest hypothesis transformers matplotlib
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench browser clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -19,11 +19,18 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VPY) -m benchmarks.demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(VPY) -m pytest -q -ra tests
 
+# Headless Chromium for the inspector's HTML test (Debian's package; the test skips, naming
+# the reason, where it cannot be installed).
+browser:
+	-@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 \
+	  || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) \
+	  || echo "chromium could not be installed: the HTML-report browser test will skip"
+
 bench: $(STAMP)
-	$(VPY) -m benchmarks.run
+	$(VPY) -m benchmarks.suite
 
 clean:
 	rm -rf $(VENV) build *.egg-info

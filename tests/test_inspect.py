@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import html.parser
 import json
+import shutil
+import subprocess
 import warnings
 import xml.etree.ElementTree as ET
 
@@ -119,3 +121,33 @@ def test_warns_once_when_a_frame_recompiles_too_often(log, monkeypatch):
     mine = [w for w in caught if "recompiled" in str(w.message)]
     assert len(mine) == 1
     assert "changed" in str(mine[0].message)
+
+
+def _chromium() -> str | None:
+    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+
+
+@pytest.mark.skipif(_chromium() is None,
+                    reason="no Chromium: `make test` installs Debian's chromium where apt-get can")
+def test_html_report_renders_in_headless_chromium(log, tmp_path):
+    from PIL import Image
+
+    _record_session()
+    page = tmp_path / "report.html"
+    torchtpu.inspect.report(log=str(log), html=str(page))
+    # The flags keep a closed network quiet: no background fetches, no sync, a fresh profile.
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run([_chromium(), *flags, "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert [line for line in dom.stderr.splitlines() if "CONSOLE" in line] == []  # no console messages
+    assert dom.stdout.count("<rect") >= 4 and "torchtpu compile report" in dom.stdout
+
+    shot = tmp_path / "report.png"
+    subprocess.run([_chromium(), *flags, f"--screenshot={shot}", "--window-size=1000,1400", page.as_uri()],
+                   capture_output=True, text=True, timeout=180, check=True)
+    pixels = list(Image.open(shot).convert("RGB").getdata())
+    xla_blue, dynamo_grey = (0x4A, 0x7F, 0xD0), (0x99, 0x99, 0x99)
+    assert pixels.count(xla_blue) > 100 and pixels.count(dynamo_grey) > 100  # the timeline's bars were drawn
