@@ -16,6 +16,7 @@ from torchtpu.compiler.decompositions import decomposition_table
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.options import Options
 from torchtpu.runtime import lean
+from torchtpu.runtime.executable import CompiledGraph
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
@@ -45,6 +46,8 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
             resident = frozenset(meta.static_input_indices) if meta and name != "backward" else frozenset()
             runner = compile_graph(aten_gm, aten_inputs, opts, name=name, spmd_inputs=spmd_inputs,
                                    resident=resident)
+            if name == "forward" and meta is not None and isinstance(runner, CompiledGraph):
+                runner.dense_outputs_from = len(meta.tokens) + meta.num_forward  # the saved activations
             if name == "inference":
                 inference.update(runner=runner, meta=meta, inputs=len(aten_gm.graph.find_nodes(op="placeholder")))
             return runner

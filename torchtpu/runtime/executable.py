@@ -34,6 +34,9 @@ class CompiledGraph:
         self.resident = resident  # argument positions of parameters and buffers
         self._executables: dict[tuple, "Executable"] = {}
         self._only: Executable | None = None
+        # Outputs from this position on are read only by our own programs (the activations a
+        # forward graph saves for its backward): they stay row-major, not torch's strides.
+        self.dense_outputs_from: int | None = None
 
     def executable_for(self, spec: tuple) -> "Executable":
         exe = self._executables.get(spec)
@@ -48,7 +51,7 @@ class CompiledGraph:
 
     def __call__(self, args: list):
         exe = self._only or self.executable_for(spec_of(args))
-        return exe.run(args, self.resident)
+        return exe.run(args, self.resident, self.dense_outputs_from)
 
 
 @dataclasses.dataclass
@@ -115,13 +118,14 @@ class Executable:
         client = jax_backend.get_backend(device.platform)
         return cls(client.deserialize_executable(blob, [device], None), layout, device)
 
-    def run(self, args: list, resident: frozenset[int] = frozenset()) -> list:
+    def run(self, args: list, resident: frozenset[int] = frozenset(), dense_from: int | None = None) -> list:
         """Runs on `args` (cleared: their memory can go once on the device).
 
         Args:
             args: the graph's arguments.
             resident: positions of parameters and buffers: their device copies are made once
                 and reused while the tensor is unchanged (runtime/residency.py).
+            dense_from: outputs from this position on keep the program's row-major layout.
         """
         if self._execute is None:
             raise NotRunnableHere(f"this executable was compiled for {self.device} without one attached")
@@ -136,16 +140,19 @@ class Executable:
             arrays.insert(0, jax.device_put(transfer.random_key(), device))
         results = self._execute(arrays).disassemble_into_single_device_arrays()
         args.clear()
-        return torch_outputs(layout, lambda i: transfer.to_torch(results[i][0], like))
+        return torch_outputs(layout, lambda i: transfer.to_torch(results[i][0], like), dense_from)
 
 
-def torch_outputs(layout: ProgramLayout, tensor_at: Callable[[int], torch.Tensor]) -> list:
-    """The graph's outputs as torch values; `tensor_at(i)` is the program's i-th result as a tensor."""
+def torch_outputs(layout: ProgramLayout, tensor_at: Callable[[int], torch.Tensor],
+                  dense_from: int | None = None) -> list:
+    """The graph's outputs as torch values; `tensor_at(i)` is the program's i-th result as a
+    tensor. Outputs before `dense_from` (all when None) get torch's strides where they differ."""
     out = []
-    for slot in layout.outputs:
+    restride = len(layout.outputs) if dense_from is None else dense_from
+    for position, slot in enumerate(layout.outputs):
         if slot.kind == "tensor":
             t = tensor_at(slot.index)
-            if slot.stride is not None:
+            if slot.stride is not None and position < restride:
                 t = torch.empty_strided(t.shape, slot.stride, dtype=t.dtype, device=t.device).copy_(t)
             out.append(t)
         elif slot.kind == "value":

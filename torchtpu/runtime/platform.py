@@ -5,6 +5,7 @@ Chosen once per process; `TORCHTPU_PLATFORM=cpu|gpu|tpu` overrides the choice.
 from __future__ import annotations
 
 import functools
+import glob
 import os
 
 import jax
@@ -12,6 +13,31 @@ import jax
 from torchtpu.compiler.errors import UnsupportedPlatformError
 
 PLATFORMS = ("tpu", "gpu", "cpu")
+_ACCELERATOR_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
+
+
+def _skip_absent_accelerators() -> None:
+    """On a machine with no TPU or GPU device files, JAX initializes only its CPU backend.
+
+    Otherwise an installed libtpu (wanted here for deviceless TPU compiles, which do not need
+    the TPU backend) is loaded and probed at the first device query: +190 MB of resident
+    memory (measured) and pages of TPU-init warnings. Left alone when the user chose JAX's
+    platforms, asked for a platform, or JAX already started its backends.
+    """
+    if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
+        return
+    if os.environ.get("TORCHTPU_PLATFORM", "").strip().lower() in ("tpu", "gpu"):
+        return
+    if any(glob.glob(pattern) for pattern in _ACCELERATOR_FILES):
+        return
+    from jax._src import xla_bridge
+
+    if xla_bridge._backends:  # already initialized: changing the platforms now would not apply
+        return
+    jax.config.update("jax_platforms", "cpu")
+
+
+_skip_absent_accelerators()
 
 
 def available(platform: str) -> bool:

@@ -43,7 +43,7 @@ class ShardedExecutable:
                          for i in self.layout.tensor_inputs]
         self.runnable = runnable
 
-    def run(self, args: list, resident: frozenset[int] = frozenset()) -> list:
+    def run(self, args: list, resident: frozenset[int] = frozenset(), dense_from: int | None = None) -> list:
         """Runs on `args` (cleared). Parameters (named by the placement, or in `resident`: the
         positions AOTAutograd marks static) are placed once and stay resident."""
         if not self.runnable:
@@ -57,7 +57,7 @@ class ShardedExecutable:
                 arrays.insert(0, key)
             results = self.compiled(*arrays)
             args.clear()
-            return torch_outputs(self.layout, lambda i: gather(results[i], like))  # x64: int64 stays int64
+            return torch_outputs(self.layout, lambda i: gather(results[i], like), dense_from)  # x64: int64 stays int64
 
     def collectives(self) -> dict[str, int]:
         """How many of each collective XLA's partitioner put in the compiled program."""
