@@ -183,10 +183,16 @@ def multiprocess(pid: int, port: int) -> dict:
 
 def main() -> None:
     if sys.argv[2] == "multiprocess":
-        print("RESULT " + json.dumps(multiprocess(int(sys.argv[3]), int(sys.argv[4]))), flush=True)
+        _emit(multiprocess(int(sys.argv[3]), int(sys.argv[4])))
         return
     for scenario in sys.argv[2:]:
-        print("RESULT " + json.dumps({"scenario": scenario, **globals()[scenario]()}), flush=True)
+        _emit({"scenario": scenario, **globals()[scenario]()})
+
+
+def _emit(result: dict) -> None:
+    # One write with its newline: gloo's threads print to the same stdout.
+    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ def _workers(devices: int, *argv_sets, timeout=300) -> list[dict]:
     for proc in procs:
         out, err = proc.communicate(timeout=timeout)
         assert proc.returncode == 0, f"worker failed:\n{err[-4000:]}"
-        results += [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
+        results += [json.JSONDecoder().raw_decode(line[len("RESULT "):])[0]  # text printed after it is ignored
+                    for line in out.splitlines() if line.startswith("RESULT ")]
     return results
 
 
