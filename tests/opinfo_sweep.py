@@ -5,7 +5,8 @@ One OpInfo × dtype is a "case". A case passes when every sample tried matches e
 AOTAutograd cannot capture (backend="aot_eager" fails too) are not ours to pass: a case
 whose samples are all uncapturable is "uncapturable" and leaves the denominator.
 Random ops (two eager runs under different seeds differ) are checked by shape and dtype,
-plus moments for floating outputs.
+plus moments for floating outputs. The sweep measures our lowering rules, so it compiles with
+`fallback="error"`: an op without a rule fails here instead of running eagerly on the host.
 """
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def _run(opinfo, rebuild, tensors, backend=None):
     if backend is None:
         return fn(*tensors)
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+    options = {"fallback": "error"} if backend == "tpu" else None
+    compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False, options=options)
     return compiled(*tensors)
 
 
