@@ -140,6 +140,8 @@ class Executable:
             arrays.insert(0, jax.device_put(transfer.random_key(), device))
         results = self._execute(arrays).disassemble_into_single_device_arrays()
         args.clear()
+        if device.platform == "cpu" and (like is None or like.type == "cpu"):
+            return torch_outputs(layout, lambda i: transfer.from_cpu_buffer(results[i][0]), dense_from)
         return torch_outputs(layout, lambda i: transfer.to_torch(results[i][0], like), dense_from)
 
 
