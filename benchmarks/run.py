@@ -22,23 +22,34 @@ MODELS = ["mlp", "cnn", "decoder", "hf_llama", "hf_bert"]
 BACKENDS = ["eager", "inductor", "tpu"]
 
 
-def build(name: str):
+def build(name: str, batch: int | None = None, size: int | None = None):
+    """One benchmark model (random weights, seed 0) and its inputs.
+
+    Args:
+        name: one of MODELS.
+        batch: the batch size (default: 64 for mlp, 32 for cnn, 8 for the rest).
+        size: the sequence length of the token models, the image side of the CNN (default 128,
+            64 for the CNN; its adaptive pooling takes any side >= 8).
+    Returns:
+        (model in eval mode, tuple of inputs).
+    """
     import torch
 
     from benchmarks import models
 
     torch.manual_seed(0)
     if name == "mlp":
-        return models.MLP(256, 1024, 256).eval(), (torch.randn(64, 256),)
+        return models.MLP(256, 1024, 256).eval(), (torch.randn(batch or 64, 256),)
     if name == "cnn":
-        return models.CNN().eval(), (torch.randn(32, 3, 64, 64),)
+        return models.CNN().eval(), (torch.randn(batch or 32, 3, size or 64, size or 64),)
+    tokens = (batch or 8, size or 128)
     if name == "decoder":
-        return models.TinyDecoder(vocab=512, dim=128, heads=4, layers=2, max_len=128).eval(), (
-            torch.randint(0, 512, (8, 128)),)
+        return models.TinyDecoder(vocab=512, dim=128, heads=4, layers=2, max_len=max(128, tokens[1])).eval(), (
+            torch.randint(0, 512, tokens),)
     if name == "hf_llama":
-        return models.hf_llama(layers=2, vocab=1024, hidden=128), (torch.randint(0, 1024, (8, 128)),)
+        return models.hf_llama(layers=2, vocab=1024, hidden=128), (torch.randint(0, 1024, tokens),)
     if name == "hf_bert":
-        return models.hf_bert(layers=2, vocab=1024, hidden=128), (torch.randint(0, 1024, (8, 128)),)
+        return models.hf_bert(layers=2, vocab=1024, hidden=128), (torch.randint(0, 1024, tokens),)
     raise SystemExit(f"unknown model {name}")
 
 
@@ -62,17 +73,52 @@ def measure(model_name: str, backend: str) -> dict:
     return {"model": model_name, "backend": backend, "first_call_s": first, "median_ms": ms}
 
 
-def run_child(model_name: str, backend: str, cache_root: str) -> dict:
+def cache_env(cache_root: str, tag: str, caches_on: bool = False) -> dict:
+    """The environment of a fresh child whose Inductor and torchtpu caches live under cache_root.
+
+    Args:
+        cache_root: a folder this run owns (a temporary directory).
+        tag: names the cell's two cache folders, so cells never share a cache by accident.
+        caches_on: keep Inductor's FX-graph and AOTAutograd caches on (a later process given
+            the same tag then starts warm); off measures a cold compile even on a rerun.
+    Returns:
+        A copy of os.environ with the cache variables set.
+    """
     env = dict(os.environ)
-    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, f"inductor-{model_name}")
-    env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
-    env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
-    env["TORCHTPU_CACHE_DIR"] = os.path.join(cache_root, f"torchtpu-{model_name}")
-    cmd = [sys.executable, "-m", "benchmarks.run", "--child", model_name, backend]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent)
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, f"inductor-{tag}")
+    env["TORCHTPU_CACHE_DIR"] = os.path.join(cache_root, f"torchtpu-{tag}")
+    if not caches_on:
+        env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
+        env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
+    return env
+
+
+def run_fresh(argv: list[str], env: dict, timeout_s: float | None = None) -> dict:
+    """Runs `python ARGV...` in a fresh process and returns the JSON object on its last stdout line.
+
+    Args:
+        argv: the interpreter's arguments, e.g. ["-m", "benchmarks.run", "--child", "mlp", "tpu"].
+        env: the child's whole environment (see cache_env).
+        timeout_s: kill the child after this many seconds.
+    Returns:
+        The child's JSON object, or {"error": last stderr line} when it failed or timed out.
+    """
+    cmd = [sys.executable, *argv]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
+                             cwd=Path(__file__).parent.parent)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
     if out.returncode != 0:
-        return {"model": model_name, "backend": backend, "error": out.stderr.strip().splitlines()[-1:]}
+        lines = out.stderr.strip().splitlines() or [f"exit code {out.returncode}"]
+        return {"error": lines[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_child(model_name: str, backend: str, cache_root: str) -> dict:
+    env = cache_env(cache_root, model_name)
+    row = run_fresh(["-m", "benchmarks.run", "--child", model_name, backend], env)
+    return row if "error" not in row else {"model": model_name, "backend": backend, "error": [row["error"]]}
 
 
 def table(rows: list[dict]) -> str:

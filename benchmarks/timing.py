@@ -5,7 +5,8 @@ import statistics
 import time
 
 
-def median_ms(fn, warmup: int = 3, runs: int = 30) -> float:
+def samples_ms(fn, warmup: int = 3, runs: int = 30) -> list[float]:
+    """Milliseconds of each of `runs` calls of fn, after `warmup` untimed calls."""
     for _ in range(warmup):
         fn()
     samples = []
@@ -13,4 +14,8 @@ def median_ms(fn, warmup: int = 3, runs: int = 30) -> float:
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+    return samples
+
+
+def median_ms(fn, warmup: int = 3, runs: int = 30) -> float:
+    return statistics.median(samples_ms(fn, warmup, runs))

@@ -1,0 +1,215 @@
+"""One benchmark cell, measured inside a fresh process (the child side of benchmarks/suite.py).
+
+    python -m benchmarks.cells '{"workload": "infer", "model": "hf_llama", "backend": "tpu", "reps": 30}'
+
+prints one JSON object on its last line: the cell's spec plus what it measured
+(first_call_s, median_ms or median_us, peak_rss_mb). A cell that cannot run says why in
+"na" (a reason) instead of numbers; a cell that fails raises, and the parent records the error.
+
+Workloads:
+    infer     forward under torch.no_grad()
+    train     forward + loss, backward, AdamW step (the model and loss compiled, the
+              optimizer step eager and identical for every backend)
+    overhead  the tiny graph `x * 2 + 1` on 16 floats: per-call cost of the compiled path
+    decode    one decode step of greedy generate with a static KV cache (benchmarks/generate_bench.py)
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+import warnings
+
+TINY_NUMEL = 16
+OVERHEAD_REPS = 2000  # a tiny call is microseconds long: many samples for a stable median
+
+
+def compile_for(fn, backend: str):
+    """fn compiled for one backend column ("eager" returns fn itself)."""
+    import torch
+
+    if backend == "eager":
+        return fn  # eager has nothing to compile
+    if backend == "inductor":
+        return torch.compile(fn, fullgraph=True)
+    return torch.compile(fn, backend=backend, fullgraph=True)
+
+
+def time_first_and_steady(make_call, reps: int, warmup: int, unit: str = "ms") -> dict:
+    """Times the first call (compiling included) and `reps` calls after warm-up.
+
+    Args:
+        make_call: builds the compiled callable and returns a zero-argument function that runs
+            one call; building is timed as part of the first call, as a user would see it.
+        reps, warmup: steady-state samples and untimed calls before them.
+        unit: "ms" or "us", the unit of the steady-state numbers.
+    Returns:
+        {"first_call_s", "median_<unit>", "min_<unit>", "p90_<unit>", "samples"}: the minimum is
+        the number least disturbed by other load on a shared machine, the median the headline.
+    """
+    from benchmarks.timing import samples_ms
+
+    t0 = time.perf_counter()
+    call = make_call()
+    call()
+    first = time.perf_counter() - t0
+    scale = 1e3 if unit == "us" else 1.0
+    samples = sorted(v * scale for v in samples_ms(call, warmup=warmup, runs=reps))
+    return {"first_call_s": first, f"median_{unit}": statistics.median(samples), f"min_{unit}": samples[0],
+            f"p90_{unit}": samples[int(0.9 * (len(samples) - 1))], "samples": reps}
+
+
+def max_abs_err(actual, expected) -> float:
+    """The largest |actual - expected| over all tensor outputs (HF output objects included)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    pairs = zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))
+    return max((float((a.float() - e.float()).abs().max()) for a, e in pairs if isinstance(e, torch.Tensor)),
+               default=0.0)
+
+
+def infer(spec: dict) -> dict:
+    from benchmarks.run import build
+
+    model, inputs = build(spec["model"], spec.get("batch"), spec.get("size"))
+    return _timed_and_checked(model, inputs, spec, "ms")
+
+
+def _timed_and_checked(fn, inputs, spec: dict, unit: str) -> dict:
+    """Times fn compiled for spec's backend, then checks its output against eager fn.
+
+    The check runs after the timing so that eager's first call cannot warm anything the
+    compiled first call is timed on; a benchmark of wrong numbers would be worthless.
+    """
+    import torch
+
+    holder = {}
+
+    def make_call():
+        holder["fn"] = compile_for(fn, spec["backend"])
+        return _bind(holder["fn"], inputs)
+
+    with torch.no_grad():
+        result = time_first_and_steady(make_call, spec["reps"], spec["warmup"], unit)
+        if spec["backend"] != "eager":
+            result["max_abs_err"] = max_abs_err(holder["fn"](*inputs), fn(*inputs))
+    return result
+
+
+def train(spec: dict) -> dict:
+    import torch
+
+    from benchmarks.run import build
+
+    model, inputs = build(spec["model"], spec.get("batch"), spec.get("size"))
+    model.train()
+    target = _target_for(spec["model"], model, inputs)
+    loss_of = _loss_fn(spec["model"], model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def make_step():
+        compiled = compile_for(loss_of, spec["backend"])
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = compiled(*inputs, target)
+            loss.backward()
+            opt.step()
+        return step
+
+    return time_first_and_steady(make_step, spec["reps"], spec["warmup"])
+
+
+def overhead(spec: dict) -> dict:
+    import torch
+
+    x = torch.randn(TINY_NUMEL)
+
+    def tiny(t):
+        return t * 2 + 1
+
+    reps = spec["reps"] if spec.get("quick") else max(spec["reps"], OVERHEAD_REPS)
+    return _timed_and_checked(tiny, (x,), {**spec, "reps": reps, "warmup": spec["warmup"] * 10}, "us")
+
+
+def decode(spec: dict) -> dict:
+    from benchmarks.decode_cell import decode_step
+
+    return decode_step(spec["backend"], quick=bool(spec.get("quick")))
+
+
+def _bind(fn, inputs):
+    return lambda: fn(*inputs)
+
+
+def _target_for(name: str, model, inputs):
+    """A fixed target for the loss: next tokens (Llama), classes (CNN), hidden states (BERT)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    if name == "hf_llama":
+        return torch.randint(0, model.config.vocab_size, inputs[0].shape, generator=g)
+    if name == "cnn":
+        return torch.randint(0, model.head.out_features, inputs[0].shape[:1], generator=g)
+    return torch.randn(*inputs[0].shape, model.config.hidden_size, generator=g)  # BERT has no head here
+
+
+def _loss_fn(name: str, model):
+    """The function compiled for a training step: forward and loss in one graph."""
+    import torch.nn.functional as F
+
+    def loss_of(x, target):
+        out = model(x)
+        if name == "hf_llama":
+            return F.cross_entropy(out.logits.flatten(0, 1), target.flatten())
+        if name == "hf_bert":
+            return F.mse_loss(out.last_hidden_state, target)
+        return F.cross_entropy(out, target)
+    return loss_of
+
+
+def _cache_counts(backend: str) -> dict:
+    """Whether the compiler's caches were hit, so a "warm" cell can be seen to be warm."""
+    if backend == "tpu":
+        import torchtpu
+
+        stats = torchtpu.stats()
+        return {"xla_compiles": stats["xla_compiles"], "disk_hits": stats["disk_hits"]}
+    if backend == "inductor":
+        from torch._dynamo.utils import counters
+
+        return {"fxgraph_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+                "autograd_cache_hits": counters["aot_autograd"]["autograd_cache_hit"]}
+    return {}
+
+
+WORKLOADS = {"infer": infer, "train": train, "overhead": overhead, "decode": decode}
+
+
+def measure(spec: dict) -> dict:
+    """Runs one cell in this process.
+
+    Args:
+        spec: {"workload", "backend", "reps", "warmup", and for model workloads "model",
+            optionally "batch", "size", "quick"}.
+    Returns:
+        spec plus the measured values and peak_rss_mb (this process's peak resident set).
+    """
+    import torch
+
+    warnings.filterwarnings("ignore")
+    if os.environ.get("TORCHTPU_BENCH_THREADS"):  # suite --threads 1 (XLA's threads come from XLA_FLAGS)
+        torch.set_num_threads(int(os.environ["TORCHTPU_BENCH_THREADS"]))
+    torch.manual_seed(0)
+    result = WORKLOADS[spec["workload"]](spec)
+    result.update(_cache_counts(spec["backend"]))
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    return {**spec, **result, "peak_rss_mb": peak_kb / 1024}
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(json.loads(sys.argv[1]))))

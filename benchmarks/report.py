@@ -1,0 +1,223 @@
+"""The suite's results as a table with ratios, a JSON document and a PNG chart."""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+# (label, workload, phase, key): one table section per entry, one row per model in it
+METRICS = (
+    ("infer latency (ms)", "infer", "cold", "median_ms"),
+    ("infer latency, min (ms)", "infer", "cold", "min_ms"),
+    ("train step (ms)", "train", "cold", "median_ms"),
+    ("train step, min (ms)", "train", "cold", "min_ms"),
+    ("first call, cold (s)", "infer", "cold", "first_call_s"),
+    ("first call, warm cache (s)", "infer", "warm", "first_call_s"),
+    ("first train step, cold (s)", "train", "cold", "first_call_s"),
+    ("first train step, warm (s)", "train", "warm", "first_call_s"),
+    ("peak RSS, infer (MB)", "infer", "cold", "peak_rss_mb"),
+    ("peak RSS, train (MB)", "train", "cold", "peak_rss_mb"),
+    ("tiny graph call (us)", "overhead", "cold", "median_us"),
+    ("decode step (ms)", "decode", "cold", "median_ms"),
+    ("first generate (s)", "decode", "cold", "first_call_s"),
+)
+RATIOS = (("tpu/eager", "tpu", "eager"), ("tpu/inductor", "tpu", "inductor"))
+
+
+def geomean(values: list[float]) -> float | None:
+    """The geometric mean of positive values; None for an empty list."""
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def sections(rows: list[dict], backends: list[str]) -> list[dict]:
+    """The table's contents: per metric, per model, the value of each backend and the ratios.
+
+    Args:
+        rows: the cells as run_cells returned them.
+        backends: the column order.
+    Returns:
+        [{"metric", "rows": [{"model", "values": {backend: v|None}, "ratios": {name: r|None},
+          "missing": {backend: "n/a"|"error"}}], "geomeans": {name: g|None}}]; a section with
+        no cells at all (a workload not run) is left out.
+    """
+    index = {(r["workload"], r["model"], r["backend"], r["phase"]): r for r in rows}
+    out = []
+    for label, workload, phase, key in METRICS:
+        models = list(dict.fromkeys(r["model"] for r in rows if r["workload"] == workload))
+        table_rows = []
+        for model in models:
+            cells = {b: index.get((workload, model, b, phase), {}) for b in backends}
+            values = {b: None if missed_warm(cell) else cell.get(key) for b, cell in cells.items()}
+            ratios = {name: values[a] / values[b] if values.get(a) and values.get(b) else None
+                      for name, a, b in RATIOS}
+            missing = {b: "n/a" if "na" in cell else "error" if "error" in cell else "miss"
+                       for b, cell in cells.items() if "na" in cell or "error" in cell or missed_warm(cell)}
+            table_rows.append({"model": model, "values": values, "ratios": ratios, "missing": missing})
+        if any(v is not None for r in table_rows for v in r["values"].values()) or \
+                any(r["missing"] for r in table_rows):
+            geo = {name: geomean([r["ratios"][name] for r in table_rows if r["ratios"][name]])
+                   for name, _, _ in RATIOS}
+            out.append({"metric": label, "rows": table_rows, "geomeans": geo})
+    return out
+
+
+def missed_warm(cell: dict) -> str | None:
+    """Why a "warm" cell did not start warm (its compiler compiled anyway), or None.
+
+    A cache key covers the compiler's own source, so editing it between the cold and the warm
+    process makes the warm one compile again: its first call is then a cold one, not shown.
+    """
+    if cell.get("phase") != "warm":
+        return None
+    if cell.get("xla_compiles"):
+        return f"xla_compiles={cell['xla_compiles']}, disk_hits={cell.get('disk_hits')}"
+    if cell.get("fxgraph_cache_hits") == 0:
+        return "fxgraph_cache_hits=0"
+    return None
+
+
+def merge_cells(earlier: list[dict], newer: list[dict]) -> list[dict]:
+    """earlier's cells with those newer measured again replaced (same workload, model, backend,
+    phase), in earlier's order; newer's other cells are appended."""
+    def key(c):
+        return c["workload"], c["model"], c["backend"], c["phase"]
+
+    fresh = {key(c): c for c in newer}
+    merged = [fresh.pop(key(c), c) for c in earlier]
+    return merged + list(fresh.values())
+
+
+def notes(rows: list[dict], dropped: dict) -> list[str]:
+    """One line per reason a cell has no number (n/a or error), cells with the same reason merged."""
+    by_reason: dict[str, list[str]] = {}
+    for r in rows:
+        reason = r.get("na") or r.get("error")
+        if reason:
+            kind = "n/a" if "na" in r else "error"
+            by_reason.setdefault(f"{kind}: {reason}", []).append(f"{r['workload']} {r['model']} {r['backend']} "
+                                                                 f"{r['phase']}")
+    lines = [f"{', '.join(cells)} -> {reason}" for reason, cells in by_reason.items()]
+    lines += [f"{r['workload']} {r['model']} {r['backend']} warm -> miss: compiled again ({missed_warm(r)}); "
+              f"the cache key changed between the two processes (e.g. the compiler's source was edited)"
+              for r in rows if missed_warm(r)]
+    return lines + [f"{name}: {reason}" for name, reason in dropped.items()]
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine() -> dict:
+    """What the numbers were measured on (the CPU model, cores, memory, versions)."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem_kb = next((int(line.split()[1]) for line in _read("/proc/meminfo").splitlines()
+                   if line.startswith("MemTotal")), 0)
+    versions = {}
+    for dist in ("torch", "jax", "jaxlib", "transformers"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem_kb / 2**20, 1),
+            "platform": platform.platform(), "python": platform.python_version(), "versions": versions}
+
+
+def source_version() -> str:
+    """The commit the compiler was measured at, "+edits" when torchtpu/ differs from it."""
+    root = Path(__file__).parent.parent
+
+    def git(*args):
+        out = subprocess.run(["git", *args], capture_output=True, text=True, cwd=root)
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if commit is None:
+        return "unknown (not a git checkout)"
+    return commit + ("+edits" if git("status", "--porcelain", "torchtpu") else "")
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def document(rows: list[dict], backends: list[str], dropped: dict, args: dict, load_before: list) -> dict:
+    """The JSON document: when and where, every cell as measured, and the table with ratios."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine(), "source": source_version(), "load_average": {"before": load_before, "after": load_average()},
+            "args": {k: str(v) for k, v in args.items()}, "backends": backends,
+            "dropped": dropped, "cells": rows, "table": sections(rows, backends), "notes": notes(rows, dropped)}
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def format_table(doc: dict) -> str:
+    """The table as text: metric | model | one column per backend | ratios, geomeans per metric."""
+    backends = doc["backends"]
+    ratio_names = [name for name, a, b in RATIOS if a in backends and b in backends]
+    head = [f"{'metric':27}", f"{'model':9}", *(f"{b:>9}" for b in backends), *(f"{n:>12}" for n in ratio_names)]
+    lines = [" | ".join(head), "-" * len(" | ".join(head))]
+    for sec in doc["table"]:
+        for i, row in enumerate(sec["rows"]):
+            cells = [f"{sec['metric'] if i == 0 else '':27}", f"{row['model']:9}",
+                     *(f"{row['missing'].get(b) or _num(row['values'][b]):>9}" for b in backends),
+                     *(f"{_ratio(row['ratios'][n]):>12}" for n in ratio_names)]
+            lines.append(" | ".join(cells))
+        if len(sec["rows"]) > 1:
+            cells = [f"{'':27}", f"{'geomean':9}", *(f"{'':>9}" for _ in backends),
+                     *(f"{_ratio(sec['geomeans'][n]):>12}" for n in ratio_names)]
+            lines.append(" | ".join(cells))
+    m, load = doc["machine"], doc["load_average"]
+    sources = sorted({c["source"] for c in doc["cells"] if c.get("source")}) or [doc.get("source", "?")]
+    lines.append(f"\n{doc['date']}  torchtpu {', '.join(sources)}  {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; "
+                 f"load average before {load['before']}, after {load['after']}")
+    lines += [f"note: {n}" for n in doc["notes"]]
+    return "\n".join(lines)
+
+
+def _ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}x"
+
+
+def chart(doc: dict, path: Path) -> None:
+    """A PNG: one panel per metric, a group of bars (one per backend) per model, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: files only
+    import matplotlib.pyplot as plt
+
+    secs = [s for s in doc["table"] if any(v for r in s["rows"] for v in r["values"].values())]
+    cols = min(4, max(1, len(secs)))
+    rows = math.ceil(len(secs) / cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    width = 0.8 / max(1, len(doc["backends"]))
+    for ax, sec in zip(axes.flat, secs):
+        for j, backend in enumerate(doc["backends"]):
+            xs = [i + j * width for i, r in enumerate(sec["rows"]) if r["values"][backend]]
+            ys = [r["values"][backend] for r in sec["rows"] if r["values"][backend]]
+            ax.bar(xs, ys, width, label=backend)
+        ax.set_xticks([i + width * (len(doc["backends"]) - 1) / 2 for i in range(len(sec["rows"]))])
+        ax.set_xticklabels([r["model"] for r in sec["rows"]], fontsize=8)
+        ax.set_yscale("log")
+        lowest = min(v for r in sec["rows"] for v in r["values"].values() if v)
+        ax.set_ylim(bottom=lowest / 2)  # a log axis otherwise cuts the smallest bar to a sliver
+        ax.set_title(sec["metric"], fontsize=9)
+    for ax in list(axes.flat)[len(secs):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"torchtpu benchmark suite, {doc['date']} ({doc['machine']['cores']} cores; lower is better)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=70)
+    plt.close(fig)

@@ -1,0 +1,185 @@
+"""The benchmark suite: eager, Inductor and backend="tpu" side by side, one fresh process per cell.
+
+    python -m benchmarks.suite [--quick] [--out benchmarks/results/suite.json]     (or: make bench)
+
+For each model (HF Llama decoder, HF BERT encoder, a CNN) and backend it measures inference
+latency (median of >= 30 calls after warm-up), a training step (forward + backward + AdamW),
+the first call in a fresh process with empty caches (cold) and again with the caches a
+previous process left (warm), and the peak RSS of each process; plus the per-call overhead on
+a tiny graph and the decode step of generate. Prints a table with tpu/eager and tpu/inductor
+ratios and their geometric means, and writes JSON and a PNG chart. See docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import decode_cell, report
+from benchmarks.run import cache_env, run_fresh
+
+MODELS = ("hf_llama", "hf_bert", "cnn")
+BACKENDS = ("eager", "inductor", "tpu")
+WORKLOADS = ("infer", "train", "overhead", "decode")
+# batch, size (sequence length, or image side for the CNN): the shapes the suite reports on
+SHAPES = {"hf_llama": (8, 128), "hf_bert": (8, 128), "cnn": (32, 64)}
+QUICK = {"models": "hf_llama", "reps": 5, "shapes": {"hf_llama": (2, 32)}}
+OPTIONAL_BACKENDS = {"torchax": "torchax"}  # column name -> the module it needs
+
+
+def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quick: bool) -> list[dict]:
+    """The cells to run, in order: each is the JSON spec one child process gets.
+
+    A compiled cell runs twice with the same cache folders: "cold" (empty caches) then "warm"
+    (the caches the cold process filled). Eager has no compile cache: it runs once.
+
+    Args:
+        models, backends, workloads: the names to cross.
+        reps, warmup: steady-state samples and untimed calls (the tiny graph takes more).
+        shapes: model -> (batch, size).
+        quick: a smoke run (the tiny graph keeps `reps` instead of its default 2000).
+    Returns:
+        A list of spec dicts with "phase" and "tag" (the cache folders' name).
+    """
+    specs = []
+    for workload in workloads:
+        # the tiny graph and generate_bench's own decoder are one row each, whatever --models says
+        names = models if workload in ("infer", "train") else ["tiny" if workload == "overhead" else "generate"]
+        for model in names:
+            for backend in backends:
+                spec = {"workload": workload, "model": model, "backend": backend, "reps": reps,
+                        "warmup": warmup, "quick": quick}
+                if model in shapes:
+                    spec["batch"], spec["size"] = shapes[model]
+                tag = f"{workload}-{model}-{backend}"
+                phases = ("cold", "warm") if backend != "eager" and workload != "decode" else ("cold",)
+                specs += [{**spec, "phase": phase, "tag": tag} for phase in phases]
+    return specs
+
+
+def run_cells(specs: list[dict], cache_root: str, timeout_s: float, threads: int | None = None) -> list[dict]:
+    """Runs each spec in a fresh child process; a failure becomes an "error" row, never a stop.
+
+    threads=1 gives each child one torch thread and one XLA thread (generate_bench's setting).
+    """
+    from benchmarks.generate_bench import single_thread_env
+
+    rows = []
+    decode_missing = _decode_missing()
+    for spec in specs:
+        source = report.source_version()  # per cell: other people may be editing the compiler meanwhile
+        t0 = time.perf_counter()
+        if spec["workload"] == "decode" and decode_missing:
+            row = {**spec, "na": decode_missing}
+        else:
+            child = {k: v for k, v in spec.items() if k not in ("phase", "tag")}
+            env = cache_env(cache_root, spec["tag"], caches_on=True)
+            env = single_thread_env(env) if threads == 1 else env
+            result = run_fresh(["-m", "benchmarks.cells", json.dumps(child)], env, timeout_s)
+            row = {**spec, **result}
+        row["wall_s"] = time.perf_counter() - t0
+        row["measured_at"], row["source"] = time.strftime("%Y-%m-%dT%H:%M:%S%z"), source
+        print(f"  {spec['workload']:8} {spec['model']:9} {spec['backend']:9} {spec['phase']:5} "
+              f"{_brief(row)} ({row['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+        rows.append(row)
+    return rows
+
+
+def _decode_missing() -> str | None:
+    """Why no decode cell can run, decided here so that no process starts only to say so."""
+    if importlib.util.find_spec(decode_cell.MODULE) is None:
+        return f"{decode_cell.MODULE} does not exist yet"
+    return None
+
+
+def _brief(row: dict) -> str:
+    if "error" in row or "na" in row:
+        return f"{'error' if 'error' in row else 'n/a'}: {row.get('error') or row.get('na')}"
+    value = row.get("median_ms", row.get("median_us"))
+    unit = "ms" if "median_ms" in row else "us"
+    return f"first {row['first_call_s']:.2f} s, median {value:.3f} {unit}, rss {row['peak_rss_mb']:.0f} MB"
+
+
+def backends_available(names: list[str]) -> tuple[list[str], dict]:
+    """Drops optional backends whose module is missing; returns (kept, {dropped: reason})."""
+    kept, dropped = [], {}
+    for name in names:
+        module = OPTIONAL_BACKENDS.get(name)
+        if module is not None:
+            dropped[name] = ("not measured: the suite has no adapter for it (see docs/benchmarks.md)"
+                             if importlib.util.find_spec(module) else f"not measured: {module} is not installed")
+            continue
+        kept.append(name)
+    return kept, dropped
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {MODELS}")
+    p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated; torchax is optional")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {WORKLOADS}")
+    p.add_argument("--reps", type=int, default=None,
+                   help=f"steady-state samples per cell (default 30, {QUICK['reps']} with --quick)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls before the samples")
+    p.add_argument("--quick", action="store_true",
+                   help=f"smoke run: {QUICK['models']} only at {QUICK['shapes']['hf_llama']}, {QUICK['reps']} reps")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/suite.json, "
+                                               "suite-quick.json with --quick); the PNG goes beside it")
+    p.add_argument("--update", action="store_true",
+                   help="keep the other cells of the JSON at --out: this run's cells replace those with the "
+                        "same workload, model, backend and phase (rerun part of the suite)")
+    p.add_argument("--report", metavar="JSON", help="only print the table and redraw the chart of an earlier run")
+    p.add_argument("--threads", type=int, choices=[1], default=None,
+                   help="1: one torch and one XLA thread per cell, for a machine whose cores are shared "
+                        "(a parallel region then waits for a descheduled thread)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per cell before it counts as an error")
+    args = p.parse_args(argv)
+    if args.reps is None:
+        args.reps = QUICK["reps"] if args.quick else 30
+    if args.quick and args.models == ",".join(MODELS):
+        args.models = QUICK["models"]
+    args.out = Path(args.out or f"benchmarks/results/suite{'-quick' if args.quick else ''}.json")
+    return args
+
+
+def main(argv=None) -> dict:
+    """Runs the suite; returns the JSON document it wrote."""
+    args = parse_args(argv)
+    if args.report:
+        doc = json.loads(Path(args.report).read_text())
+        doc["table"] = report.sections(doc["cells"], doc["backends"])  # the current table code
+        doc["notes"] = report.notes(doc["cells"], doc.get("dropped", {}))
+        print(report.format_table(doc))
+        report.chart(doc, Path(args.report).with_suffix(".png"))
+        return doc
+    models = args.models.split(",")
+    workloads = args.workloads.split(",")
+    for kind, names, known in (("models", models, MODELS), ("workloads", workloads, WORKLOADS)):
+        if set(names) - set(known):
+            raise SystemExit(f"unknown {kind} {sorted(set(names) - set(known))}: choose from {known}")
+    backends, dropped = backends_available(args.backends.split(","))
+    shapes = {**SHAPES, **(QUICK["shapes"] if args.quick else {})}
+    specs = plan(models, backends, workloads, args.reps, args.warmup, shapes, args.quick)
+    load_before = report.load_average()
+    with tempfile.TemporaryDirectory(prefix="torchtpu-suite-") as cache_root:
+        rows = run_cells(specs, cache_root, args.timeout, args.threads)
+    if args.update and args.out.exists():
+        earlier = json.loads(args.out.read_text())
+        rows = report.merge_cells(earlier["cells"], rows)
+        backends = [b for b in BACKENDS if b in set(backends) | set(earlier["backends"])]
+    doc = report.document(rows, backends, dropped, vars(args), load_before)
+    print(report.format_table(doc))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1, default=str))
+    png = args.out.with_suffix(".png")
+    report.chart(doc, png)
+    print(f"wrote {args.out} and {png}")
+    return doc
+
+
+if __name__ == "__main__":
+    main()

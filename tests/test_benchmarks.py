@@ -1,0 +1,118 @@
+"""The benchmark suite's machinery: fresh-process cells, warm caches, ratios, JSON and PNG.
+
+No speed is asserted here (timings come from `python -m benchmarks.suite`); what is checked is
+that the cells compute the right thing, the warm cell really is warm, and the outputs are well
+formed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+
+import pytest
+
+from benchmarks import decode_cell, report, suite
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One small suite run: the tiny graph with eager and tpu (three fresh processes)."""
+    out = tmp_path_factory.mktemp("suite") / "suite.json"
+    suite.main(["--workloads", "overhead", "--backends", "eager,tpu", "--reps", "20", "--warmup", "1",
+                "--quick", "--out", str(out)])
+    return out
+
+
+def test_tiny_graph_cells_measure_and_match_eager(tiny_run):
+    doc = json.loads(tiny_run.read_text())
+    cells = {(c["backend"], c["phase"]): c for c in doc["cells"]}
+    assert sorted(cells) == [("eager", "cold"), ("tpu", "cold"), ("tpu", "warm")]
+    for cell in cells.values():
+        assert "error" not in cell, cell
+        assert cell["median_us"] > 0 and cell["first_call_s"] > 0 and cell["peak_rss_mb"] > 0
+        assert cell["samples"] == 20
+    for phase in ("cold", "warm"):
+        assert cells[("tpu", phase)]["max_abs_err"] <= 1e-6  # compiled x * 2 + 1 vs eager
+    # the cold process compiled and stored; the warm one, same cache folder, loaded it
+    assert (cells[("tpu", "cold")]["xla_compiles"], cells[("tpu", "cold")]["disk_hits"]) == (1, 0)
+    assert (cells[("tpu", "warm")]["xla_compiles"], cells[("tpu", "warm")]["disk_hits"]) == (0, 1)
+
+
+def test_table_ratios_come_from_the_cells(tiny_run):
+    doc = json.loads(tiny_run.read_text())
+    (section,) = [s for s in doc["table"] if s["metric"] == "tiny graph call (us)"]
+    (row,) = section["rows"]
+    tpu = next(c for c in doc["cells"] if c["backend"] == "tpu" and c["phase"] == "cold")
+    eager = next(c for c in doc["cells"] if c["backend"] == "eager")
+    assert row["values"] == {"eager": eager["median_us"], "tpu": tpu["median_us"]}
+    assert row["ratios"]["tpu/eager"] == pytest.approx(tpu["median_us"] / eager["median_us"])
+    assert row["ratios"]["tpu/inductor"] is None  # no inductor column in this run
+    assert doc["machine"]["cores"] >= 1 and doc["date"]
+    assert "tpu/eager" in report.format_table(doc)
+
+
+def test_png_is_written_and_readable(tiny_run):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    png = tiny_run.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size < 200_000
+    height, width, _ = plt.imread(png).shape
+    assert height > 100 and width > 100
+
+
+def test_geomean_over_models():
+    rows = [{"workload": "infer", "model": m, "backend": b, "phase": "cold", "median_ms": v}
+            for m, vals in {"a": (2.0, 4.0, 1.0), "b": (8.0, 1.0, 2.0)}.items()
+            for b, v in zip(("eager", "inductor", "tpu"), vals)]
+    (sec,) = report.sections(rows, ["eager", "inductor", "tpu"])
+    assert [r["ratios"]["tpu/eager"] for r in sec["rows"]] == [0.5, 0.25]
+    assert sec["geomeans"]["tpu/eager"] == pytest.approx(math.sqrt(0.5 * 0.25))
+    assert sec["geomeans"]["tpu/inductor"] == pytest.approx(math.sqrt(0.25 * 2.0))
+
+
+def test_plan_runs_compiled_cells_cold_then_warm_in_one_cache():
+    specs = suite.plan(["cnn"], ["eager", "tpu"], ["infer"], reps=30, warmup=3, shapes=suite.SHAPES, quick=False)
+    assert [(s["backend"], s["phase"]) for s in specs] == [("eager", "cold"), ("tpu", "cold"), ("tpu", "warm")]
+    assert specs[1]["tag"] == specs[2]["tag"] != specs[0]["tag"]
+    assert (specs[0]["batch"], specs[0]["size"]) == suite.SHAPES["cnn"]
+
+
+def test_decode_cell_without_and_with_generate_bench(monkeypatch):
+    monkeypatch.setattr(decode_cell, "MODULE", "benchmarks.no_such_generate_bench")
+    assert "does not exist" in decode_cell.decode_step("tpu")["na"]
+
+    calls = []
+    fake = types.ModuleType("benchmarks.fake_generate_bench")
+    fake.measure = lambda backend, quick=False: calls.append((backend, quick)) or {
+        "decode_step_ms": 3.5, "first_call_s": 2.0, "tokens_per_s": 9.0, "tokens": [1, 2]}
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(decode_cell, "MODULE", fake.__name__)
+    assert decode_cell.decode_step("tpu", quick=True) == {"median_ms": 3.5, "first_call_s": 2.0, "tokens_per_s": 9.0}
+    assert calls == [("tpu", True)]
+
+
+def test_merge_replaces_cells_measured_again_and_keeps_the_rest():
+    def cell(model, backend, value):
+        return {"workload": "infer", "model": model, "backend": backend, "phase": "cold", "median_ms": value}
+
+    earlier = [cell("a", "eager", 1.0), cell("a", "tpu", 2.0), cell("b", "tpu", 3.0)]
+    merged = report.merge_cells(earlier, [cell("a", "tpu", 5.0), cell("c", "tpu", 7.0)])
+    assert [(c["model"], c["backend"], c["median_ms"]) for c in merged] == [
+        ("a", "eager", 1.0), ("a", "tpu", 5.0), ("b", "tpu", 3.0), ("c", "tpu", 7.0)]
+
+
+def test_a_warm_cell_that_compiled_is_not_reported_as_warm():
+    rows = [{"workload": "infer", "model": "m", "backend": "tpu", "phase": phase, "first_call_s": s,
+             "xla_compiles": n, "disk_hits": 1 - n} for phase, s, n in (("cold", 9.0, 1), ("warm", 8.0, 1))]
+    warm = next(s for s in report.sections(rows, ["tpu"]) if s["metric"] == "first call, warm cache (s)")
+    assert warm["rows"][0]["values"] == {"tpu": None} and warm["rows"][0]["missing"] == {"tpu": "miss"}
+    assert any("compiled again" in n for n in report.notes(rows, {}))
+    rows[1].update(xla_compiles=0, disk_hits=1)
+    warm = next(s for s in report.sections(rows, ["tpu"]) if s["metric"] == "first call, warm cache (s)")
+    assert warm["rows"][0]["values"] == {"tpu": 8.0}
