@@ -34,6 +34,7 @@ class CompiledGraph:
         self.resident = resident  # argument positions of parameters and buffers
         self._executables: dict[tuple, "Executable"] = {}
         self._only: Executable | None = None
+        self._fixed: tuple | None = None
         # Outputs from this position on are read only by our own programs (the activations a
         # forward graph saves for its backward): they stay row-major, not torch's strides.
         self.dense_outputs_from: int | None = None
@@ -46,11 +47,19 @@ class CompiledGraph:
 
     def fix_signature(self, spec: tuple) -> None:
         """Builds the one executable of a graph with static inputs. Dynamo's guards already check
-        every input's shape, dtype and strides, so calls skip computing the signature."""
-        self._only = self.executable_for(spec)
+        every input's shape, dtype and strides, so once a call has shown that the arguments
+        arrive as compiled (AOTAutograd passes erased effect tokens as None), calls skip
+        computing the signature."""
+        self.executable_for(spec)
+        self._fixed = spec
 
     def __call__(self, args: list):
-        exe = self._only or self.executable_for(spec_of(args))
+        exe = self._only
+        if exe is None:
+            spec = spec_of(args)
+            exe = self.executable_for(spec)
+            if spec == self._fixed:
+                self._only = exe
         return exe.run(args, self.resident, self.dense_outputs_from)
 
 
