@@ -138,6 +138,16 @@ def _fmod(a, b):
     return jnp.fmod(a, b)
 
 
+@op(aten.pow.Tensor_Scalar)
+def _pow_scalar(ctx, x, exponent):
+    compute, _ = ctx.promote(PROMOTE.BOOL_TO_LONG, args=ctx.node.args[:2])
+    x = as_dtype(x, compute)
+    if not isinstance(exponent, bool) and isinstance(exponent, (int, float)) and exponent in range(9):
+        # Multiplications, as torch computes small integral powers; XLA's CPU pow is exp(log(x) * e).
+        return lax.integer_pow(x, int(exponent))
+    return jnp.power(x, as_dtype(exponent, compute))
+
+
 def _logical(fn):
     return lambda a, b: fn(a.astype(jnp.bool_), b.astype(jnp.bool_))
 
@@ -154,7 +164,7 @@ _BINARY = [
     ((aten.div.Tensor_mode, aten.div.Scalar_mode), _div_mode, PROMOTE.DEFAULT),
     ((aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor), _remainder, PROMOTE.DEFAULT),
     ((aten.fmod.Tensor, aten.fmod.Scalar), _fmod, PROMOTE.DEFAULT),
-    ((aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar), jnp.power, PROMOTE.BOOL_TO_LONG),
+    ((aten.pow.Tensor_Tensor, aten.pow.Scalar), jnp.power, PROMOTE.BOOL_TO_LONG),
     ((aten.atan2.default,), jnp.arctan2, PROMOTE.INT_TO_FLOAT),
     ((aten.maximum.default,), jnp.maximum, PROMOTE.DEFAULT),
     ((aten.minimum.default,), jnp.minimum, PROMOTE.DEFAULT),

@@ -115,6 +115,8 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
 def _slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     dim = norm_dim(dim, x.ndim)
     start, end, step = _slice_bounds(x.shape[dim], start, end, step)
+    if step == 1:  # an in-place update XLA fuses; `.at[].set` becomes a serial scatter on the CPU
+        return lax.dynamic_update_slice_in_dim(x, src.astype(x.dtype), start, axis=dim)
     index = [slice(None)] * x.ndim
     index[dim] = slice(start, end, step)
     return x.at[tuple(index)].set(src.astype(x.dtype))
@@ -129,9 +131,7 @@ def _select(ctx, x, dim, index):
 @op(aten.select_scatter.default)
 def _select_scatter(ctx, x, src, dim, index):
     dim = norm_dim(dim, x.ndim)
-    idx = [slice(None)] * x.ndim
-    idx[dim] = index % x.shape[dim]
-    return x.at[tuple(idx)].set(src.astype(x.dtype))
+    return lax.dynamic_update_index_in_dim(x, src.astype(x.dtype), index % x.shape[dim], axis=dim)
 
 
 @op(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
