@@ -41,15 +41,17 @@ def test_explanations_name_the_change_and_a_fix():
 
 @pytest.fixture
 def log(tmp_path, monkeypatch):
+    events.sync_dynamo()  # earlier tests' Dynamo compiles go to their own log, not this one
     path = tmp_path / "events.jsonl"
     monkeypatch.setenv("TORCHTPU_EVENT_LOG", str(path))
     return path
 
 
-def _record_session():
-    """One frame that recompiles for a size (bucketing off), a dtype and an int."""
+def _record_session(scale: float = 1.0):
+    """One frame that recompiles for a size (bucketing off), a dtype and an int. A new `scale`
+    is a new graph, so its XLA compiles are not served from the in-process cache."""
     def f(x, n):
-        return (x * n).sum(-1)
+        return (x * n * scale).sum(-1)
 
     c = compile_tpu(f, fullgraph=True, options={"bucketing": "off"})
     c(torch.randn(2, 128), 3)
@@ -132,7 +134,7 @@ def _chromium() -> str | None:
 def test_html_report_renders_in_headless_chromium(log, tmp_path):
     from PIL import Image
 
-    _record_session()
+    _record_session(scale=0.5)
     page = tmp_path / "report.html"
     torchtpu.inspect.report(log=str(log), html=str(page))
     # The flags keep a closed network quiet: no background fetches, no sync, a fresh profile.
