@@ -139,7 +139,7 @@ class Executable:
         if self._execute is None:
             raise NotRunnableHere(f"this executable was compiled for {self.device} without one attached")
         layout, device = self.layout, self.device
-        like = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        like = args[layout.tensor_inputs[0]].device if layout.tensor_inputs else None  # outputs go there
         if resident and (self.RESIDENT_ON_CPU or not transfer.zero_copy(device)):
             arrays = [residency.resident(args[i], device, self._put) if i in resident
                       else transfer.to_device(args[i], device) for i in layout.tensor_inputs]

@@ -51,7 +51,7 @@ def zero_copy(device) -> bool:
 
 def to_device(t: torch.Tensor, device: jax.Device):
     t = _dense(t)
-    if device.platform == "cpu" and t.device.type == "cpu":
+    if t.is_cpu and device.platform == "cpu":
         return _from_host_dlpack(t, device)
     if t.device.type == "cuda" and device.platform == "gpu":
         return jax.dlpack.from_dlpack(t)
