@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch._functorch._aot_autograd.schemas import OutputType
+from torch._functorch._aot_autograd.schemas import OutputType, SubclassCreationMeta
 
 from torchtpu import events
 
@@ -26,18 +26,13 @@ def needs_wrapper(meta, gm: torch.fx.GraphModule, graph_inputs: int, example_inp
         return "an output aliases an input or another output"
     if meta.num_intermediate_bases or meta.tokens or meta.num_graphsafe_rng_states:
         return "intermediate bases, effect tokens or RNG state"
-    if any(not isinstance(m, _plain_meta_type()) for m in meta.subclass_inp_meta):
+    if any(isinstance(m, SubclassCreationMeta) for m in meta.subclass_inp_meta):
         return "tensor subclass inputs"
     if next(gm.parameters(), None) is not None or next(gm.buffers(), None) is not None:
         return "parameters lifted from the graph module"
     if graph_inputs != len(example_inputs):
         return "inputs deduplicated or added by AOTAutograd"
     return None
-
-
-def _plain_meta_type():
-    from torch._functorch._aot_autograd.schemas import PlainTensorMeta
-    return (PlainTensorMeta, int)
 
 
 def direct(runner: Callable, graph: str) -> Callable:
@@ -47,5 +42,4 @@ def direct(runner: Callable, graph: str) -> Callable:
     def call(*args):
         return runner(list(args))  # fresh tensors from the device: they never require grad
 
-    call._torchtpu_runner = runner
     return call
