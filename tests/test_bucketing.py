@@ -23,6 +23,8 @@ def test_bucket_policies():
     assert [bucket_for(n, {"sizes": (16, 64)}) for n in (3, 17, 65)] == [16, 64, 65]
     assert bucket_for(300, "pow2", upper=400) == 400
     assert bucket_for(5, "off") == 5
+    assert [bucket_for(n, "pow2", least=128) for n in (1, 128, 129)] == [128, 128, 256]
+    assert bucket_for(3, {"pow2": 4}, least=128) == 4  # an explicit minimum wins
 
 
 def test_bucketing_option_is_validated_and_keyed():
@@ -56,10 +58,10 @@ def _close(a, b):
 def test_one_program_per_bucket():
     torchtpu.reset_stats()
     c = compile_tpu(lambda x: torch.softmax(x, -1).sum(-1) + x.mean(-1), dynamic=True)
-    for n in (9, 10, 13, 16, 11, 17, 30):
+    for n in (9, 10, 13, 16, 11, 17, 30, 128, 129, 200):
         x = torch.randn(3, n)
         _close(c(x), torch.softmax(x, -1).sum(-1) + x.mean(-1))
-    assert torchtpu.stats()["xla_compiles"] == 2  # buckets 16 and 32
+    assert torchtpu.stats()["xla_compiles"] == 2  # last-dim buckets 128 and 256
 
 
 def test_bucketing_off_compiles_each_size():

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import torchtpu
+from torchtpu import events
 from helpers import compile_tpu
 
 pytest.importorskip("transformers", reason="Hugging Face generate() needs transformers")
@@ -102,15 +103,16 @@ def test_static_cache_is_updated_in_place_like_eager():
 
 
 
-def test_new_prompt_lengths_compile_per_bucket_not_per_length():
+def test_new_prompt_lengths_recompile_with_a_recorded_reason():
     """A static cache sized by generate() (prompt + new tokens) changes size with the prompt: the
-    second distinct length makes Dynamo's graphs dynamic, and bucketing (powers of two) pads
-    the prompt and the cache. Prompt 12: prefill bucket 16, cache 43 -> 64 (two programs);
-    prompt 5: prefill bucket 8 (new), cache 36 -> 64 (already built)."""
+    second distinct length makes Dynamo's graphs dynamic, and both compile per exact size (the
+    prefill uses the length as a value, the decode step writes the cache with index_put).
+    Prompt 12: a prefill and a decode program; prompt 5: a new prefill, and the decode program
+    is reused because generate() keeps its cache of 43, which is large enough."""
     model = _llama()
     eager_forward = model.forward
     model.forward = compile_tpu(eager_forward)
-    counts = []
+    counts, since = [], len(events.events())
     try:
         for length, seed in ((8, 4), (12, 5), (5, 6)):
             ids = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(seed))
@@ -125,3 +127,5 @@ def test_new_prompt_lengths_compile_per_bucket_not_per_length():
     finally:
         model.forward = eager_forward
     assert counts == [(2, 2), (2, 2), (0, 1)]
+    exact = [e["reason"] for e in events.events()[since:] if e["kind"] == "bucketing" and e["status"] == "exact"]
+    assert len(exact) == 2 and "used as a value" in exact[0] and "index_put" in exact[1], exact

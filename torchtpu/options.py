@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 BUCKETING_MIN = 8  # the smallest pow2 bucket: tiny sizes share one program
+BUCKETING_MIN_LAST = 128  # ... along an input's last dim: a TPU tile row is 128 lanes wide
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,7 +17,7 @@ class Options:
         platform: "cpu" | "gpu" | "tpu" | None (None: the process default, see runtime.platform).
         dump_dir: where to write FX graphs, StableHLO and summaries (also TORCHTPU_DUMP_DIR).
         bucketing: how symbolic sizes map to compiled sizes: "pow2" (default; powers of two,
-            at least 8), "off" (one program per exact size), {"multiple": M},
+            at least 128 along an input's last dim and 8 along the others), "off" (one program per exact size), {"multiple": M},
             {"sizes": [...]} (the smallest listed size that fits; larger sizes stay exact),
             or {"pow2": MIN} (powers of two, at least MIN).
         pallas: Pallas kernels (attention, norms): "auto" (on a TPU target; XLA's own ops

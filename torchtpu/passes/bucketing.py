@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from torchtpu.options import BUCKETING_MIN
+from torchtpu.options import BUCKETING_MIN, BUCKETING_MIN_LAST
 from torchtpu.passes import pad_safety
 
 PLAN = "torchtpu_bucketing"
@@ -39,6 +39,7 @@ class BucketPlan:
         sources: per symbol, (placeholder index, dim) whose size is that symbol.
         names: per symbol, Dynamo's name for it (e.g. "L['x'].size()[1]").
         upper: per symbol, the largest value Dynamo allows (None: unbounded).
+        least: per symbol, the smallest pow2 bucket (BUCKETING_MIN_LAST when it sizes an input's last dim).
         inputs: per placeholder: a tuple of dim expressions (tensor), an expression (SymInt), or None.
         outputs: per flat output: ("tensor", layout), ("size", expr) or ("value", None).
         policy: the bucketing option.
@@ -50,6 +51,7 @@ class BucketPlan:
     sources: list
     names: list
     upper: list
+    least: list
     inputs: list
     outputs: list
     policy: object
@@ -57,12 +59,15 @@ class BucketPlan:
     counts: dict
 
 
-def bucket_for(n: int, policy, upper: int | None = None) -> int:
-    """The size a program is compiled for when the true size is `n`."""
+def bucket_for(n: int, policy, upper: int | None = None, least: int = BUCKETING_MIN) -> int:
+    """The size a program is compiled for when the true size is `n`.
+
+    `least` is the smallest bucket of the default "pow2" policy; {"pow2": MIN} overrides it.
+    """
     if policy == "off":
         return n
     if policy == "pow2" or "pow2" in policy:
-        least = BUCKETING_MIN if policy == "pow2" else policy["pow2"]
+        least = least if policy == "pow2" else policy["pow2"]
         b = max(least, 1 << max(n - 1, 0).bit_length())
     elif "multiple" in policy:
         m = policy["multiple"]
@@ -78,7 +83,7 @@ def bucket_shapes(gm: torch.fx.GraphModule, options) -> torch.fx.GraphModule:
     """The pass (see module docstring). Leaves static graphs untouched."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     vals = [n.meta.get("val") for n in placeholders]
-    symbols, sources = _symbols(vals)
+    symbols, sources, last = _symbols(vals)
     if not symbols:
         return gm
     policy = getattr(options, "bucketing", "pow2")
@@ -104,6 +109,7 @@ def bucket_shapes(gm: torch.fx.GraphModule, options) -> torch.fx.GraphModule:
         sources=[sources[s] for s in order],
         names=[_source_name(shape_env, s) for s in order],
         upper=[_upper(shape_env, s) for s in order],
+        least=[BUCKETING_MIN_LAST if s in last else BUCKETING_MIN for s in order],
         inputs=[_input_exprs(v) for v in vals],
         outputs=[_output_kind(v, lay) for v, lay in zip(_output_vals(gm), pad_safety.output_layouts(gm, analysis))],
         policy=policy,
@@ -114,8 +120,9 @@ def bucket_shapes(gm: torch.fx.GraphModule, options) -> torch.fx.GraphModule:
 
 
 def _symbols(vals):
-    """Symbols that size tensor inputs, and for each one a (placeholder, dim) that is exactly it."""
-    symbols, sources = set(), {}
+    """Symbols that size tensor inputs; for each one a (placeholder, dim) that is exactly it; and
+    those that are exactly the last dim of some input (their buckets start at BUCKETING_MIN_LAST)."""
+    symbols, sources, last = set(), {}, set()
     for i, v in enumerate(vals):
         if isinstance(v, torch.Tensor):
             for d, size in enumerate(v.shape):
@@ -123,10 +130,12 @@ def _symbols(vals):
                 symbols |= {s for s in e.free_symbols}
                 if e.is_Symbol:
                     sources.setdefault(e, (i, d))
+                    if d == v.dim() - 1:
+                        last.add(e)
     for i, v in enumerate(vals):
         if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol and v.node.expr in symbols:
             sources.setdefault(v.node.expr, (i, None))
-    return symbols, sources
+    return symbols, sources, last
 
 
 def _add_true_sizes(gm, placeholders, vals, k):

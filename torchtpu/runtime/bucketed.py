@@ -50,7 +50,8 @@ class BucketedGraph:
     def __call__(self, args: list):
         plan = self.plan
         true = [int(_size_at(args, src)) for src in plan.sources]
-        bucket = [bucketing.bucket_for(n, plan.policy, up) for n, up in zip(true, plan.upper)]
+        bucket = [bucketing.bucket_for(n, plan.policy, up, least)
+                  for n, up, least in zip(true, plan.upper, plan.least)]
         true_env, bucket_env = dict(zip(plan.symbols, true)), dict(zip(plan.symbols, bucket))
         key = tuple(bucket)
         if key not in self.buckets:
