@@ -19,3 +19,9 @@ def llama():
 def transformer_block():
     torch.manual_seed(0)
     return models.Block(64, 4).eval(), [(torch.randn(2, 16, 64),), (torch.randn(1, 32, 64),)]
+
+
+def cnn():
+    """Its dense convolutions call ATen's kernel (a custom call) on the CPU."""
+    torch.manual_seed(0)
+    return models.CNN().eval(), [(torch.randn(2, 3, 16, 16),)]

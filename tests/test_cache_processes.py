@@ -44,6 +44,16 @@ def test_fresh_process_loads_llama_without_compiling(tmp_path):
     assert warm["sums"] == cold["sums"]  # the very same executable
 
 
+def test_fresh_process_runs_a_cached_program_that_calls_aten(tmp_path):
+    """The CNN's convolutions are custom calls into ATen (kernels/aten_cpu.py): a warm process
+    registers the library before it loads the executable, and gets the same numbers."""
+    cold = _result(_worker("cache_targets:cnn", tmp_path))
+    warm = _result(_worker("cache_targets:cnn", tmp_path))
+    assert cold["stats"]["xla_compiles"] == 1 and warm["stats"]["xla_compiles"] == 0
+    assert warm["stats"]["disk_hits"] == 1 and warm["sums"] == cold["sums"]
+    assert warm["max_error"] < 1e-4
+
+
 def test_eight_processes_share_one_cache_dir(tmp_path):
     targets = ["cache_targets:mlp_sets"] * 4 + ["cache_targets:transformer_block"] * 4
     procs = [_worker(t, tmp_path) for t in targets]

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torchtpu
 from helpers import assert_close_tree, assert_matches_eager, compile_tpu
 
 
@@ -115,3 +116,65 @@ def test_conv_bfloat16():
     conv = torch.nn.Conv2d(4, 8, 3, padding=1).to(torch.bfloat16)
     x = torch.randn(2, 4, 8, 8, dtype=torch.bfloat16)
     assert_matches_eager(conv, x, rtol=1.6e-2, atol=1e-2)
+
+
+# --- dense convolutions on the CPU call ATen's kernel (kernels/aten_cpu.py) --------------------
+
+def _stablehlo(fn, x, tmp_path, **options):
+    compile_tpu(fn, options={"dump_dir": str(tmp_path), **options})(x)
+    return "\n".join(p.read_text() for p in tmp_path.glob("*.stablehlo.mlir"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cpu_convolution_calls_aten_and_matches_eager(tmp_path, dtype):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3, stride=2, padding=(1, 2), dilation=(2, 1)).to(dtype)
+    x = torch.randn(2, 3, 13, 11, dtype=dtype)
+    text = _stablehlo(conv, x, tmp_path / "on")
+    assert "torchtpu_aten_convolution" in text
+    with torch.no_grad():
+        out = compile_tpu(conv)(x)
+        # the very kernel eager runs: equal bits, except that bfloat16 rounds before the bias
+        # is added (eager's oneDNN adds it in float32), one bfloat16 step at most
+        tol = dict(rtol=2 ** -7, atol=2 ** -7) if dtype == torch.bfloat16 else dict(rtol=0, atol=0)
+        torch.testing.assert_close(out, conv(x), **tol)
+
+
+def test_aten_kernels_off_and_grouped_split_and_backward(tmp_path):
+    torch.manual_seed(0)
+    grouped = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)
+    x = torch.randn(2, 8, 9, 9)
+    assert "torchtpu_aten_convolution" not in _stablehlo(grouped, x, tmp_path / "off", aten_kernels="off")
+    # a grouped convolution is split into dense ones on the CPU, each an ATen call
+    assert _stablehlo(grouped, x, tmp_path / "on").count("torchtpu_aten_convolution(") >= 2
+    # training: the backward graph calls ATen's convolution_backward, and matches eager
+    compiled = compile_tpu(grouped, options={"dump_dir": str(tmp_path / "train")})
+    actual = _forward_and_grads(grouped, x, compiled)
+    assert_close_tree(actual, _forward_and_grads(grouped, x, None))
+    backward = "\n".join(p.read_text() for p in (tmp_path / "train").glob("backward*.stablehlo.mlir"))
+    assert "torchtpu_aten_convolution_backward" in backward
+
+
+def test_exported_artifacts_never_call_aten():
+    conv = torch.nn.Conv2d(3, 4, 3)
+    exported = torchtpu.export(conv, torch.randn(1, 3, 8, 8), platforms=("cpu",))
+    assert "stablehlo.convolution" in exported.stablehlo_text()
+    assert "torchtpu_aten_convolution" not in exported.stablehlo_text()
+
+
+def test_unbuildable_kernels_fall_back_to_xla_with_one_warning(monkeypatch, tmp_path, caplog):
+    from torchtpu.kernels import aten_cpu
+
+    monkeypatch.setenv("TORCHTPU_EXTENSION_DIR", str(tmp_path / "ext"))
+    monkeypatch.setenv("CXX", "/bin/false")
+    monkeypatch.setattr(aten_cpu, "_state", {})
+    with caplog.at_level("WARNING", logger="torchtpu.kernels"):
+        assert not aten_cpu.available() and not aten_cpu.available()
+    assert sum("unavailable" in r.message for r in caplog.records) == 1
+    assert not list((tmp_path / "ext").glob("*.so"))  # nothing half-built left behind
+    conv = torch.nn.Conv2d(3, 5, 2)
+    x = torch.randn(1, 3, 7, 5)  # a shape no other test compiles: this compile is fresh
+    with torch.no_grad():
+        torch.testing.assert_close(compile_tpu(conv, options={"dump_dir": str(tmp_path / "d")})(x), conv(x))
+    text = "\n".join(p.read_text() for p in (tmp_path / "d").glob("*.stablehlo.mlir"))
+    assert "stablehlo.convolution" in text and "torchtpu_aten_convolution" not in text

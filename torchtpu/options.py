@@ -28,6 +28,8 @@ class Options:
         mode: "fused" (default; one program per device region) or "strict" (one program per
             ATen op, the baseline of benchmarks/fuse_bench.py). Not torch.compile's `mode=`.
         mesh: {"dp": N, "tp": M}: run partitioned over a device mesh (see torchtpu/spmd, docs/spmd.md).
+        aten_kernels: "auto" (default: on the CPU, dense convolutions call ATen's oneDNN kernel
+            inside the XLA program, see kernels/aten_cpu.py) or "off" (XLA's own everywhere).
         tp_plan: with a mesh: "auto" (the Hugging Face model's own plan) or {pattern: "colwise" |
             "rowwise" | "replicate" | "sequence"}; None: parameters replicated (data parallel).
     """
@@ -40,6 +42,7 @@ class Options:
     mode: str = "fused"
     mesh: Any = None
     tp_plan: Any = None
+    aten_kernels: str = "auto"
 
     @classmethod
     def parse(cls, options: dict[str, Any] | None) -> "Options":
@@ -61,13 +64,16 @@ class Options:
             raise ValueError(f"torchtpu: option pallas={parsed.pallas!r}; use 'auto', 'interpret' or 'off'")
         if parsed.fallback not in ("defer", "error"):
             raise ValueError(f"torchtpu: option fallback={parsed.fallback!r}; use 'defer' or 'error'")
+        if parsed.aten_kernels not in ("auto", "off"):
+            raise ValueError(f"torchtpu: option aten_kernels={parsed.aten_kernels!r}; use 'auto' or 'off'")
         if parsed.mode not in ("fused", "strict"):
             raise ValueError(f"torchtpu: option mode={parsed.mode!r}; use 'fused' or 'strict'")
         return parsed
 
     def key_items(self) -> tuple:
         """The options that change the compiled program (dump_dir does not)."""
-        items = (("bucketing", json.dumps(self.bucketing, sort_keys=True)), ("pallas", self.pallas))
+        items = (("bucketing", json.dumps(self.bucketing, sort_keys=True)), ("pallas", self.pallas),
+                 ("aten_kernels", self.aten_kernels))
         if self.mesh is not None:  # only then: keys of unsharded programs stay as they were
             items += (("mesh", json.dumps(self.mesh)), ("tp_plan", json.dumps(self.tp_plan)))
         return items

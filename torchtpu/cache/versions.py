@@ -21,10 +21,10 @@ def package_version(name: str) -> str:
 
 @functools.cache
 def source_hash() -> str:
-    """sha256 over every .py file of torchtpu (path and contents): any code change is a new key."""
+    """sha256 over every .py and .cc file of torchtpu (path and contents): any code change is a new key."""
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.cc")]):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 

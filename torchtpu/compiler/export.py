@@ -50,7 +50,8 @@ def export(fn_or_module, *example_args, platforms=("cpu", "tpu"), options: dict 
         ExportedPrograms; `.stablehlo_text()` gives the MLIR text.
     """
     platforms = tuple(platforms)
-    opts = Options.parse(options)
+    # An artifact runs in other processes: no custom call into this process's ATen kernels.
+    opts = dataclasses.replace(Options.parse(options), aten_kernels="off")
     # Kernels are chosen per target: one artifact for several platforms uses XLA's own ops.
     target = platforms[0] if len(platforms) == 1 else "portable"
     captured: list[jax.export.Exported] = []

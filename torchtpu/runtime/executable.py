@@ -125,6 +125,9 @@ class Executable:
     @classmethod
     def deserialize(cls, blob: bytes, layout: ProgramLayout, device) -> "Executable":
         client = jax_backend.get_backend(device.platform)
+        if device.platform == "cpu":  # it may call ATen's kernels (kernels/aten_cpu.py)
+            from torchtpu.kernels import aten_cpu
+            aten_cpu.register_built()
         return cls(client.deserialize_executable(blob, [device], None), layout, device)
 
     def run(self, args: list, resident: frozenset[int] = frozenset(), dense_from: int | None = None) -> list:

@@ -15,6 +15,7 @@ import torch
 from torchtpu.compiler.registry import op
 from torchtpu.compiler.rules.linalg import precision
 from torchtpu.compiler.rules.reduction import accumulate_dtype
+from torchtpu.kernels import aten_cpu
 
 aten = torch.ops.aten
 
@@ -33,15 +34,20 @@ def _dimension_numbers(nd):
         ("NC" + spatial, "OI" + spatial, "NC" + spatial))
 
 
-def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, platform=None):
+def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, platform=None, aten=False):
     """torch's convolution (no bias), computed in x's dtype with float32 accumulation.
 
     On the CPU, XLA's grouped and depthwise convolutions are slow (measured 3x and 130x
-    slower than the forms below, docs/DECISIONS.md), so those take another form there.
+    slower than the forms below, docs/DECISIONS.md), so those take another form there, and
+    with `aten` a dense one calls ATen's own kernel (kernels/aten_cpu.py; forward only).
     """
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     output_padding = _expand(output_padding or 0, nd)
+    if aten and not transposed and groups == 1 and _aten_dtypes(x, w):
+        out = [(n + 2 * p - d * (k - 1) - 1) // s + 1
+               for n, p, d, k, s in zip(x.shape[2:], padding, dilation, w.shape[2:], stride)]
+        return aten_cpu.convolution(x, w, stride, padding, dilation, groups, [x.shape[0], w.shape[0], *out])
     acc = accumulate_dtype(x.dtype)
     integer = not jnp.issubdtype(x.dtype, jnp.inexact)
     kw = {} if integer else dict(precision=precision(), preferred_element_type=acc)
@@ -51,7 +57,7 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
             return _depthwise_by_shifts(x.astype(acc), w.astype(acc), stride, padding, dilation)
         if groups <= _MAX_SPLIT_GROUPS:
             xs, ws = jnp.split(x, groups, axis=1), jnp.split(w, groups, axis=0)
-            return jnp.concatenate([conv(a, b, stride, padding, dilation, False, None, 1)
+            return jnp.concatenate([conv(a, b, stride, padding, dilation, False, None, 1, platform, aten)
                                     for a, b in zip(xs, ws)], axis=1)
     if not transposed:
         return lax.conv_general_dilated(
@@ -71,6 +77,7 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
         rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups, **kw)
 
 
+_ATEN_DTYPES = (jnp.float32, jnp.float64, jnp.bfloat16)
 _MAX_SHIFTED_TAPS = 64  # kernel elements: one multiply-add each, fused by XLA into one loop
 _MAX_SPLIT_GROUPS = 16
 
@@ -98,17 +105,27 @@ def _add_bias(out, bias):
     return out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
 
 
+def _aten_dtypes(*arrays) -> bool:
+    return arrays[0].dtype in _ATEN_DTYPES and all(a.dtype == arrays[0].dtype for a in arrays)
+
+
+def _use_aten(ctx) -> bool:
+    """ATen's CPU kernels for this program: the CPU target, not partitioned, not turned off."""
+    return (ctx.platform == "cpu" and ctx.options.aten_kernels == "auto" and ctx.options.mesh is None
+            and aten_cpu.available())
+
+
 @op(aten.convolution.default)
 def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform),
-                     bias)
+    return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform,
+                          _use_aten(ctx)), bias)
 
 
 @op(aten._convolution.default)
 def _convolution_full(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
                       benchmark=False, deterministic=False, cudnn_enabled=True, allow_tf32=True):
-    return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform),
-                     bias)
+    return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform,
+                          _use_aten(ctx)), bias)
 
 
 @op(aten.convolution_backward.default)
@@ -116,7 +133,11 @@ def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation
                           output_padding, groups, output_mask):
     acc = accumulate_dtype(grad.dtype)
     grad_input = grad_weight = grad_bias = None
-    if output_mask[0] or output_mask[1]:
+    nd = x.ndim - 2
+    if (output_mask[0] or output_mask[1]) and not transposed and _aten_dtypes(grad, x, w) and _use_aten(ctx):
+        grad_input, grad_weight = aten_cpu.convolution_backward(
+            grad, x, w, _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups, output_mask[:2])
+    elif output_mask[0] or output_mask[1]:
         def forward(x_, w_):
             return conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups,
                         ctx.platform).astype(acc)

@@ -1,0 +1,113 @@
+// XLA FFI handlers that run ATen's CPU kernels (oneDNN) inside an XLA:CPU program.
+//
+// Built and registered by torchtpu/kernels/aten_cpu.py; the convolution rule calls them on the
+// CPU platform only (docs/DECISIONS.md). Operands and results are row-major XLA buffers, wrapped
+// as ATen tensors without copying; the result is copied into XLA's output buffer.
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/InferenceMode.h>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+bool ScalarType(ffi::DataType type, at::ScalarType* out) {
+  switch (type) {
+    case ffi::DataType::F32: *out = at::kFloat; return true;
+    case ffi::DataType::F64: *out = at::kDouble; return true;
+    case ffi::DataType::BF16: *out = at::kBFloat16; return true;
+    default: return false;
+  }
+}
+
+at::Tensor Wrap(void* data, ffi::Span<const int64_t> dims, at::ScalarType type) {
+  return at::from_blob(data, std::vector<int64_t>(dims.begin(), dims.end()),
+                       at::TensorOptions().dtype(type));
+}
+
+std::vector<int64_t> Vec(ffi::Span<const int64_t> s) { return {s.begin(), s.end()}; }
+
+ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
+                       ffi::Span<const int64_t> stride, ffi::Span<const int64_t> padding,
+                       ffi::Span<const int64_t> dilation, int64_t groups) {
+  at::ScalarType type;
+  if (!ScalarType(x.element_type(), &type) || w.element_type() != x.element_type() ||
+      out->element_type() != x.element_type()) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_convolution: unsupported dtype");
+  }
+  try {
+    at::init_num_threads();  // this XLA thread takes torch's thread count (torch.set_num_threads)
+    c10::InferenceMode guard;
+    at::Tensor result = at::convolution(
+        Wrap(x.untyped_data(), x.dimensions(), type), Wrap(w.untyped_data(), w.dimensions(), type),
+        std::nullopt, Vec(stride), Vec(padding), Vec(dilation), /*transposed=*/false,
+        std::vector<int64_t>(stride.size(), 0), groups);
+    Wrap(out->untyped_data(), out->dimensions(), type).copy_(result);
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_convolution: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+// d(loss)/d(x) and d(loss)/d(w) of Convolution, from d(loss)/d(out); a result whose mask is 0
+// is left unwritten (the rule drops it).
+ffi::Error ConvolutionBackward(ffi::AnyBuffer grad, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                               ffi::Result<ffi::AnyBuffer> grad_x, ffi::Result<ffi::AnyBuffer> grad_w,
+                               ffi::Span<const int64_t> stride, ffi::Span<const int64_t> padding,
+                               ffi::Span<const int64_t> dilation, int64_t groups, int64_t mask_x,
+                               int64_t mask_w) {
+  at::ScalarType type;
+  if (!ScalarType(x.element_type(), &type) || w.element_type() != x.element_type() ||
+      grad.element_type() != x.element_type()) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_convolution_backward: unsupported dtype");
+  }
+  try {
+    at::init_num_threads();
+    c10::InferenceMode guard;
+    auto [gx, gw, gb] = at::convolution_backward(
+        Wrap(grad.untyped_data(), grad.dimensions(), type), Wrap(x.untyped_data(), x.dimensions(), type),
+        Wrap(w.untyped_data(), w.dimensions(), type), std::nullopt, Vec(stride), Vec(padding), Vec(dilation),
+        /*transposed=*/false, std::vector<int64_t>(stride.size(), 0), groups, {mask_x != 0, mask_w != 0, false});
+    if (mask_x) Wrap(grad_x->untyped_data(), grad_x->dimensions(), type).copy_(gx);
+    if (mask_w) Wrap(grad_w->untyped_data(), grad_w->dimensions(), type).copy_(gw);
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_convolution_backward: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolutionBackward, ConvolutionBackward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("stride")
+                                  .Attr<ffi::Span<const int64_t>>("padding")
+                                  .Attr<ffi::Span<const int64_t>>("dilation")
+                                  .Attr<int64_t>("groups")
+                                  .Attr<int64_t>("mask_x")
+                                  .Attr<int64_t>("mask_w"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolution, Convolution,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("stride")
+                                  .Attr<ffi::Span<const int64_t>>("padding")
+                                  .Attr<ffi::Span<const int64_t>>("dilation")
+                                  .Attr<int64_t>("groups"));

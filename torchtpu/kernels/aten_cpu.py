@@ -1,0 +1,143 @@
+"""ATen's CPU convolution as an XLA custom call: oneDNN's kernels inside an XLA:CPU program.
+
+XLA's CPU convolutions are slow next to oneDNN's (docs/DECISIONS.md 38), and Inductor calls
+oneDNN for its convolutions too. `aten_cpu.cc` is compiled once per source, torch and jaxlib
+version into TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`) with `$CXX`
+(default g++), then registered with XLA as the CPU FFI target `torchtpu_aten_convolution`.
+Where it cannot be built, convolutions stay XLA's and one warning says why.
+`TORCHTPU_ATEN_KERNELS=0` or the option `aten_kernels="off"` turns it off.
+
+    python -m torchtpu.kernels.aten_cpu     # builds it now (`make` does), prints the path
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.metadata
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+TARGET = "torchtpu_aten_convolution"
+BACKWARD_TARGET = "torchtpu_aten_convolution_backward"
+SOURCE = Path(__file__).with_name("aten_cpu.cc")
+
+log = logging.getLogger("torchtpu.kernels")
+_lock = threading.Lock()
+_state: dict = {}  # "ok": registered in this process; "why": why not
+
+
+def enabled() -> bool:
+    return os.environ.get("TORCHTPU_ATEN_KERNELS", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def library_path() -> Path:
+    """Where the built library lives: one file per source, torch, jaxlib and C++ ABI."""
+    import torch
+
+    asked = os.environ.get("TORCHTPU_EXTENSION_DIR", "").strip()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    root = Path(asked) if asked else (Path(xdg) if xdg else Path.home() / ".cache") / "torchtpu" / "extensions"
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for part in (torch.__version__, importlib.metadata.version("jaxlib"), str(torch._C._GLIBCXX_USE_CXX11_ABI)):
+        h.update(b"\0" + part.encode())
+    return root.expanduser() / f"aten_cpu-{h.hexdigest()[:16]}.so"
+
+
+def build() -> Path:
+    """Compiles the library unless it exists (under a lock; written atomically). Raises OSError
+    or CalledProcessError (with the compiler's output) when it cannot."""
+    import jax.ffi
+    import torch
+
+    from torchtpu.cache.fsutil import locked
+    from torchtpu.cache.tiers import trusted
+
+    path = library_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not trusted(path.parent):
+        raise OSError(f"{path.parent} is writable by other users; a library there is not loaded")
+    with locked(path.parent / ".lock"):
+        if path.exists():
+            return path
+        torch_dir = Path(torch.__file__).parent
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        cmd = [os.environ.get("CXX", "g++"), "-O2", "-shared", "-fPIC", "-std=c++17", "-w",
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+               f"-I{torch_dir / 'include'}", f"-I{jax.ffi.include_dir()}", str(SOURCE),
+               f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", str(tmp)]
+        log.warning("torchtpu: building ATen CPU kernels into %s (once per torch/jaxlib version, ~10 s)", path)
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path
+
+
+def available() -> bool:
+    """True when the FFI target is registered in this process; builds the library the first time.
+    False (with one warning naming the reason) when it is disabled or cannot be built."""
+    if not enabled():
+        return False
+    with _lock:
+        if "ok" not in _state:
+            try:
+                _register(build())
+                _state["ok"] = True
+            except (OSError, subprocess.CalledProcessError) as exc:
+                detail = getattr(exc, "stderr", "") or ""
+                _state.update(ok=False, why=f"{exc}\n{detail[-2000:]}".strip())
+                log.warning("torchtpu: ATen CPU kernels unavailable, XLA's convolutions are used: %s", _state["why"])
+    return _state["ok"]
+
+
+def register_built() -> None:
+    """Registers the library if it was built before (a cached executable may call it); never builds."""
+    if enabled() and "ok" not in _state and library_path().exists():
+        available()
+
+
+def _register(path: Path) -> None:
+    import jax.ffi
+
+    lib = ctypes.CDLL(str(path))
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolution), platform="cpu")
+    jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolutionBackward),
+                                platform="cpu")
+
+
+def convolution(x, w, stride, padding, dilation, groups: int, out_shape):
+    """torch.nn.functional.conv{1,2,3}d without bias (x, w: row-major arrays of one dtype)."""
+    import jax
+
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(tuple(out_shape), x.dtype))
+    return call(x, w, **_attrs(stride, padding, dilation, groups))
+
+
+def convolution_backward(grad, x, w, stride, padding, dilation, groups: int, mask=(True, True)):
+    """(d/dx, d/dw) of `convolution` given d/d(out); an entry not in `mask` is None."""
+    import jax
+    import numpy as np
+
+    call = jax.ffi.ffi_call(BACKWARD_TARGET, (jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                              jax.ShapeDtypeStruct(w.shape, w.dtype)))
+    gx, gw = call(grad, x, w, mask_x=np.int64(mask[0]), mask_w=np.int64(mask[1]),
+                  **_attrs(stride, padding, dilation, groups))
+    return (gx if mask[0] else None), (gw if mask[1] else None)
+
+
+def _attrs(stride, padding, dilation, groups) -> dict:
+    import numpy as np
+
+    return dict(stride=np.asarray(stride, np.int64), padding=np.asarray(padding, np.int64),
+                dilation=np.asarray(dilation, np.int64), groups=np.int64(groups))
+
+
+if __name__ == "__main__":
+    if not available():
+        sys.exit(f"not built: {_state.get('why', 'TORCHTPU_ATEN_KERNELS is off')}")
+    print(library_path())
