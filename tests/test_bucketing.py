@@ -7,11 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchtpu
 from torchtpu import events
 from torchtpu.options import Options
-from torchtpu.passes.bucketing import bucket_for
+from torchtpu.passes.bucketing import bucket_for, paired_symbols
 
 from benchmarks.bucketing_bench import random_decoder_calls
 from helpers import compile_tpu
@@ -25,6 +26,25 @@ def test_bucket_policies():
     assert bucket_for(5, "off") == 5
     assert [bucket_for(n, "pow2", least=128) for n in (1, 128, 129)] == [128, 128, 256]
     assert bucket_for(3, {"pow2": 4}, least=128) == 4  # an explicit minimum wins
+
+
+def test_paired_sizes_share_a_minimum():
+    """Dynamo may keep apart two symbols whose dims meet in an op (attention's key and value
+    lengths, a KV cache's and its mask's): they get one minimum and one bound, else their
+    buckets would differ. Contracted dims pair too."""
+    def f(q, k, v, x, w):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0], torch.mm(x, w)
+
+    example = [torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 7, 8),
+               torch.randn(4, 6), torch.randn(6, 9)]
+    gm = make_fx(f, tracing_mode="symbolic")(*example)
+    shapes = [n.meta["val"].shape for n in gm.graph.nodes if n.op == "placeholder"]
+    k_len, v_len, contracted = shapes[1][2].node.expr, shapes[2][2].node.expr, shapes[3][1].node.expr
+    symbols = {d.node.expr for shape in shapes for d in shape if isinstance(d, torch.SymInt)}
+    classes = paired_symbols(gm, symbols)
+    assert any({k_len, v_len} <= c for c in classes)
+    assert any({contracted, shapes[4][0].node.expr} <= c for c in classes)
+    assert len(k_len.free_symbols | v_len.free_symbols) == 2  # two symbols Dynamo did not merge
 
 
 def test_bucketing_option_is_validated_and_keyed():
@@ -90,12 +110,29 @@ MASKED = {
     "matmul_over_padded": lambda x: x.transpose(0, 1) @ x,
     "cumsum": lambda x: torch.cumsum(x, 1),
     "cat_static_first": lambda x: torch.cat([x[:, :1], x], 1).sum(1),
+    "last_positions_slice": lambda x: x[:, -1:] * 2,  # a slice from the true end
+    "size_as_value": lambda x: x.sum(1) + x.shape[1],  # the true size, not the bucket's
+    "index_copy_padded_index": lambda x: torch.ones(x.shape[0], 64).index_copy(1, torch.arange(x.shape[1]), x),
+    "index_put_negative_position": lambda x: _write_first_and_last(x).sum(1),
 }
+
+
+def _write_into_static(x):
+    y = torch.ones(x.shape[0], 64)
+    y[:, :x.shape[1]] = x  # the columns past the true size must stay ones
+    return y
+
+
+def _write_first_and_last(x):
+    y = x.clone()
+    y[:, torch.tensor([-1, 0])] = 5.0  # index_put into the padded dim, -1 from its true end
+    return y
 REFUSED = {
     "layernorm_over_padded": (lambda x: F.layer_norm(x, x.shape[1:]), "normalises over a padded dim"),
     "cat_padded_first": (lambda x: torch.cat([x, x], 1).sum(1), "cat along a padded dim"),
     "last_position": (lambda x: x[:, -1], "counted from the end"),
     "flip": (lambda x: x.flip(1)[:, 0], "not known to be pad-safe"),
+    "padded_slice_into_static_dim": (lambda x: _write_into_static(x), "touches a padded dim"),
 }
 
 

@@ -163,6 +163,7 @@ def lower_node(node: torch.fx.Node, env: dict, ctx: LowerCtx, gm=None, spec=None
         raise _error(f"no lowering for {target}", node, gm, spec, ctx)
     try:
         if ctx.padding is not None:
+            rule = ctx.padding.rule_for(node, rule)
             args, kwargs = ctx.padding.before(node, args, kwargs)
         out = rule(ctx, *args, **kwargs)
         if ctx.padding is not None:

@@ -66,6 +66,10 @@ class Padding:
         args = list(args)
         for i, dim, factors, fill in spec.premask:
             args[i] = self.mask(args[i], dim, factors, fill)
+        for i, expr in spec.true_args:
+            args[i] = evaluate(expr, self.true)
+        if spec.indices:
+            args[1] = self._indices(list(args[1]), spec.indices)
         if spec.after == "keys":
             kwargs = dict(kwargs)
             ((dim, factors),) = spec.dims
@@ -79,9 +83,35 @@ class Padding:
                 kwargs["attn_mask"] = jnp.where(keep, mask, -jnp.inf)
         return tuple(args), kwargs
 
+    def rule_for(self, node, rule):
+        """The rule to lower `node` with: its own, or for a slice counted from the true end
+        (mask "tail") a dynamic slice at true size - k."""
+        spec = node.meta.get(bucketing.MASK)
+        if spec is None or spec.after != "tail":
+            return rule
+        ((dim, factors),) = spec.dims
+
+        def tail(ctx, x, dim_, start, *rest):
+            begin = evaluate(factors[0], self.true) + start
+            return lax.dynamic_slice_in_dim(x, begin, -start, axis=dim)
+
+        return tail
+
+    def _indices(self, indices, plan):
+        """index_put's index list: padded entries out of bounds (the scatter drops them),
+        negative positions into a padded dim counted from its true end."""
+        for k, kind, factors in plan:
+            idx = indices[k].astype(jnp.int64)
+            if kind == "drop":
+                idx = jnp.where(self.dim_mask(factors), idx, jnp.iinfo(jnp.int64).max)
+            else:
+                idx = jnp.where(idx < 0, idx + evaluate(factors[0], self.true), idx)
+            indices[k] = idx
+        return indices
+
     def after(self, node, args, kwargs, out):
         spec = node.meta.get(bucketing.MASK)
-        if spec is None or spec.after in ("", "keys"):
+        if spec is None or spec.after in ("", "keys", "tail"):
             return out
         if spec.after == "rescale":
             ratio = self.count(spec.dims, self.bucket) / self.count(spec.dims, self.true)

@@ -79,6 +79,59 @@ def bucket_for(n: int, policy, upper: int | None = None, least: int = BUCKETING_
     return max(b, n)
 
 
+def buckets_for(true: list[int], plan: "BucketPlan") -> list[int]:
+    """The bucket of each symbol, for its true size."""
+    return [bucket_for(n, plan.policy, up, lo) for n, up, lo in zip(true, plan.upper, plan.least)]
+
+
+def paired_symbols(gm: torch.fx.GraphModule, symbols: set) -> list[set]:
+    """Classes of symbols whose dims meet in some op: at the same position from the right in
+    two operands of one op (broadcasting, attention's keys and values), or contracted against
+    each other. Dynamo may keep two such symbols apart (a KV cache's length and its attention
+    mask's), yet their sizes are equal whenever the graph runs, so they must get equal buckets:
+    one minimum and one bound per class. A class too many only pads more, never wrongly."""
+    parent = {s: s for s in symbols}
+
+    def find(s):
+        while parent[s] is not s:
+            s = parent[s]
+        return s
+
+    def union(a, b):
+        if a in parent and b in parent:
+            parent[find(a)] = find(b)
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        shapes = [v.shape for v in (a.meta.get("val") for a in [node, *node.all_input_nodes])
+                  if isinstance(v, torch.Tensor)]
+        for k in range(1, max((len(sh) for sh in shapes), default=0) + 1):
+            dims = {pad_safety.expr_of(sh[-k]) for sh in shapes if len(sh) >= k}
+            syms = [d for d in dims if d.is_Symbol]
+            for a in syms[1:]:
+                union(a, syms[0])
+        if node.target in pad_safety.CONTRACTIONS:  # mm's K of one operand against K of the other
+            (i, d), (j, e) = pad_safety.CONTRACTIONS[node.target]
+            a, b = node.args[i].meta["val"].shape[d], node.args[j].meta["val"].shape[e]
+            union(pad_safety.expr_of(a), pad_safety.expr_of(b))
+    classes: dict = {}
+    for s in symbols:
+        classes.setdefault(find(s), set()).add(s)
+    return list(classes.values())
+
+
+def _per_class(order, classes, values, pick):
+    """Each symbol's value replaced by `pick` (min or max) over its class, None ignored."""
+    of = {s: c for c in classes for s in c}
+    by_symbol = dict(zip(order, values))
+    out = []
+    for s in order:
+        known = [by_symbol[t] for t in of.get(s, {s}) if by_symbol.get(t) is not None]
+        out.append(pick(known) if known else None)
+    return out
+
+
 def bucket_shapes(gm: torch.fx.GraphModule, options) -> torch.fx.GraphModule:
     """The pass (see module docstring). Leaves static graphs untouched."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -104,12 +157,13 @@ def bucket_shapes(gm: torch.fx.GraphModule, options) -> torch.fx.GraphModule:
         node.meta[MASK] = mask
     _add_true_sizes(gm, placeholders, vals, len(order))
     shape_env = _shape_env(vals)
+    classes = paired_symbols(gm, set(order))
     gm.meta[PLAN] = BucketPlan(
         symbols=order,
         sources=[sources[s] for s in order],
         names=[_source_name(shape_env, s) for s in order],
-        upper=[_upper(shape_env, s) for s in order],
-        least=[BUCKETING_MIN_LAST if s in last else BUCKETING_MIN for s in order],
+        upper=_per_class(order, classes, [_upper(shape_env, s) for s in order], min),
+        least=_per_class(order, classes, [BUCKETING_MIN_LAST if s in last else BUCKETING_MIN for s in order], max),
         inputs=[_input_exprs(v) for v in vals],
         outputs=[_output_kind(v, lay) for v, lay in zip(_output_vals(gm), pad_safety.output_layouts(gm, analysis))],
         policy=policy,
@@ -211,4 +265,4 @@ def wrap(runner, gm: torch.fx.GraphModule, options=None):
     return _wrap(runner, gm, options)
 
 
-__all__ = ["BucketPlan", "Refusal", "bucket_for", "bucket_shapes", "wrap"]
+__all__ = ["BucketPlan", "Refusal", "bucket_for", "buckets_for", "bucket_shapes", "wrap"]

@@ -45,11 +45,19 @@ class Mask:
         after: "" | "rescale" (mean: multiply by padded count / true count over `dims`) |
             "var" (recompute variance over the masked argument) | "keys" (attention: mask keys).
         dims: for "rescale"/"var": (dim, factors) of argument 0 that were reduced.
+        true_args: (argument index, expr): a size used as a value (a Tensor argument) takes
+            its true value, not the bucket's.
+        indices: for index_put: (position in the index list, kind, factors): "drop" sends the
+            index tensor's padded entries (its dim `factors` is padded) out of bounds, where
+            the scatter drops them; "wrap" makes negative positions into a padded operand dim
+            (of these factors) count from its true end.
     """
 
     premask: tuple = ()
     after: str = ""
     dims: tuple = ()
+    true_args: tuple = ()
+    indices: tuple = ()
 
 
 @dataclasses.dataclass
@@ -256,17 +264,24 @@ class _Analyzer:
             dims.append(next(iter(candidates)) if candidates else (e,))
         return tuple(dims)
 
-    def check_size_roles(self, node):
-        schema = node.target._schema
+    def check_size_roles(self, node) -> list:
+        """(argument index, expr) of each bucketed size used as a Tensor argument's value: the
+        lowering passes its true value there. A size in any other value role is unsafe."""
+        schema, true_args = node.target._schema, []
         for i, arg in enumerate(schema.arguments):
-            value = node.kwargs.get(arg.name) if arg.kwarg_only or i >= len(node.args) else node.args[i]
+            positional = not arg.kwarg_only and i < len(node.args)
+            value = node.args[i] if positional else node.kwargs.get(arg.name)
             for v in (value if isinstance(value, (list, tuple)) else [value]):
                 if not isinstance(v, torch.fx.Node):
                     continue
                 sym = v.meta.get("val")
                 if isinstance(sym, (torch.SymInt, torch.SymFloat, torch.SymBool)) and \
                         self.padded_factor(sym.node.expr) and arg.name not in SIZE_ARGS:
+                    if v is value and positional and isinstance(arg.type, torch.TensorType):
+                        true_args.append((i, sym.node.expr))
+                        continue
                     raise Unsafe(f"the size {sym.node.expr} is used as a value (argument `{arg.name}`)")
+        return true_args
 
     # --- the walk ----------------------------------------------------------------------------
     def visit(self, node):
@@ -288,13 +303,17 @@ class _Analyzer:
             self.layouts[node] = None
             return
         inputs_padded = any(self.padded(self.layouts[a]) for a in self.tensor_args(node))
-        self.check_size_roles(node)
+        true_args = self.check_size_roles(node)
         out_fresh = self.fresh(val)
         if not inputs_padded and not self.padded(out_fresh):
             self.layouts[node] = out_fresh
-            return
-        verdict, why = self.classify(node)
-        self.decide(node, verdict, why)
+        else:
+            verdict, why = self.classify(node)
+            self.decide(node, verdict, why)
+        if true_args:
+            self.masks[node] = dataclasses.replace(self.masks.get(node, Mask()), true_args=tuple(true_args))
+            sizes = ", ".join(str(e) for _, e in true_args)
+            self.decide(node, "masked", f"the size {sizes} is used as a value: the true size is passed")
 
     def classify(self, node):
         t = node.target
@@ -316,6 +335,8 @@ class _Analyzer:
                    aten.slice.Tensor: self.slice, aten.select.int: self.select,
                    aten.cat.default: self.cat, aten.embedding.default: self.embedding,
                    aten.index.Tensor: self.index, aten.gather.default: self.gather,
+                   aten.index_put.default: self.index_put, aten._unsafe_index_put.default: self.index_put,
+                   aten.slice_scatter.default: self.slice_scatter,
                    aten.convolution.default: self.convolution}
         if t in special:
             return special[t](node)
@@ -399,6 +420,11 @@ class _Analyzer:
         start = _schema_arg(node, "start", None)
         out = list(src)
         if self.padded_dim(src[dim]):
+            if self._tail(node, src[dim], start):
+                out[dim] = (expr_of(node.meta["val"].shape[dim]),)
+                self.layouts[node] = tuple(out)
+                return self.masked(node, Mask(after="tail", dims=((dim, src[dim]),)),
+                                   "slice of the last positions: counted from the true end")
             if isinstance(start, torch.fx.Node) or (start or 0) < 0:
                 raise Unsafe(f"slice starts at {start} on a padded dim: a position counted from the end")
             e = expr_of(node.meta["val"].shape[dim])
@@ -408,6 +434,32 @@ class _Analyzer:
                 out[dim] = (e,)
         self.layouts[node] = tuple(out)
         return "harmless", "slice with a static start keeps real positions in front"
+
+    def slice_scatter(self, node):
+        """base with src written into a slice: harmless along an unpadded dim (padded dims of
+        src meet the same padded dims of base) or over the whole of a padded dim."""
+        base = self.layouts[node.args[0]]
+        dim = _schema_arg(node, "dim", 0) % len(base)
+        if self.padded_dim(base[dim]):
+            start, end = _schema_arg(node, "start", None), _schema_arg(node, "end", None)
+            end = end.meta["val"] if isinstance(end, torch.fx.Node) else end
+            whole = end is None or (isinstance(end, int) and end >= 2 ** 62) or \
+                _equal(expr_of(end), expr_of(node.args[0].meta["val"].shape[dim]))
+            if start not in (None, 0) or _schema_arg(node, "step", 1) != 1 or not whole:
+                raise Unsafe("slice_scatter into part of a padded dim")
+        elif self.padded_dim((self.layouts.get(node.args[1]) or base)[dim]):
+            raise Unsafe("slice_scatter of a padded slice into an unpadded dim")
+        self.layouts[node] = base
+        return "harmless", "slice_scatter along an unpadded dim or over a whole padded one"
+
+    @staticmethod
+    def _tail(node, factors, start) -> bool:
+        """x[..., -k:] (step 1, to the end) of a padded dim whose true size is at least k."""
+        end, step = _schema_arg(node, "end", None), _schema_arg(node, "step", 1)
+        size = node.meta["val"].shape[_schema_arg(node, "dim", 0) % node.meta["val"].ndim]
+        return (isinstance(start, int) and start < 0 and step == 1 and len(factors) == 1
+                and (end is None or (isinstance(end, int) and end >= 2 ** 62))
+                and isinstance(size, int) and size == -start)
 
     def select(self, node):
         src = self.layouts[node.args[0]]
@@ -446,6 +498,38 @@ class _Analyzer:
                 raise Unsafe("indexing a padded dim with possibly negative positions")
         self.layouts[node] = self.inherit(node)
         return "harmless", "gather by non-negative position"
+
+    def index_put(self, node):
+        """Writes into positions of the operand. Padded entries of an index tensor (or of the
+        values) would write padding: they are sent out of bounds and dropped. Positions into a
+        padded operand dim are real ones (eager checks the bounds); negative ones count from
+        the true end. The output has the operand's layout."""
+        x, (_, indices, values, *_) = self.layouts[node.args[0]], node.args
+        if not isinstance(x, tuple) or any(i is not None and i.meta["val"].dtype == torch.bool for i in indices):
+            raise Unsafe("index_put with a boolean mask")
+        plan, covered = [], set()
+        for k, idx in enumerate(indices):
+            if idx is None:
+                continue
+            lay = self.layouts.get(idx) or ()
+            for d, factors in enumerate(lay):
+                if self.padded_dim(factors):
+                    if len(lay) != 1 or len(factors) != 1:
+                        raise Unsafe("index_put with a multi-dim or merged padded index")
+                    plan.append((k, "drop", factors))
+                    covered.add(factors)
+            if k < len(x) and self.padded_dim(x[k]):
+                if len(x[k]) != 1:
+                    raise Unsafe("index_put into a merged padded dim")
+                if not self.nonneg(idx):
+                    plan.append((k, "wrap", x[k]))
+        vals = self.layouts.get(values) or ()
+        for factors in vals:
+            if self.padded_dim(factors) and factors not in covered and factors not in x:
+                raise Unsafe("index_put values padded along a dim the indices do not carry")
+        self.masks[node] = Mask(indices=tuple(plan))
+        self.layouts[node] = x
+        return "masked", "scatter: padded index entries dropped, negative positions from the true end"
 
     def gather(self, node):
         src = self.layouts[node.args[0]]

@@ -50,9 +50,11 @@ class BucketedGraph:
     def __call__(self, args: list):
         plan = self.plan
         true = [int(_size_at(args, src)) for src in plan.sources]
-        bucket = [bucketing.bucket_for(n, plan.policy, up, least)
-                  for n, up, least in zip(true, plan.upper, plan.least)]
+        bucket = bucketing.buckets_for(true, plan)
         true_env, bucket_env = dict(zip(plan.symbols, true)), dict(zip(plan.symbols, bucket))
+        for a, e in zip(args, plan.inputs):  # an int input that sizes no tensor input: not bucketed
+            if e is not None and not isinstance(e, tuple) and e.is_Symbol and e not in true_env:
+                true_env[e] = bucket_env[e] = int(a)
         key = tuple(bucket)
         if key not in self.buckets:
             self.buckets[key] = bucket_name(plan, args, bucket_env)
