@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,7 @@ def test_fresh_process_loads_llama_without_compiling(tmp_path):
     assert warm["sums"] == cold["sums"]  # the very same executable
 
 
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler for the ATen kernels")
 def test_fresh_process_runs_a_cached_program_that_calls_aten(tmp_path):
     """The CNN's convolutions are custom calls into ATen (kernels/aten_cpu.py): a warm process
     registers the library before it loads the executable, and gets the same numbers."""

@@ -1,6 +1,9 @@
 """Convolution, pooling and grid sampling: forward values and gradients against eager."""
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -120,11 +123,16 @@ def test_conv_bfloat16():
 
 # --- dense convolutions on the CPU call ATen's kernel (kernels/aten_cpu.py) --------------------
 
+NEEDS_CXX = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
+                               reason="no C++ compiler: the ATen kernels cannot be built, XLA's convolution is used")
+
+
 def _stablehlo(fn, x, tmp_path, **options):
     compile_tpu(fn, options={"dump_dir": str(tmp_path), **options})(x)
     return "\n".join(p.read_text() for p in tmp_path.glob("*.stablehlo.mlir"))
 
 
+@NEEDS_CXX
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_cpu_convolution_calls_aten_and_matches_eager(tmp_path, dtype):
     torch.manual_seed(0)
@@ -140,6 +148,7 @@ def test_cpu_convolution_calls_aten_and_matches_eager(tmp_path, dtype):
         torch.testing.assert_close(out, conv(x), **tol)
 
 
+@NEEDS_CXX
 def test_aten_kernels_off_and_grouped_split_and_backward(tmp_path):
     torch.manual_seed(0)
     grouped = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)
