@@ -17,9 +17,9 @@ class Options:
         platform: "cpu" | "gpu" | "tpu" | None (None: the process default, see runtime.platform).
         dump_dir: where to write FX graphs, StableHLO and summaries (also TORCHTPU_DUMP_DIR).
         bucketing: how symbolic sizes map to compiled sizes: "pow2" (default; powers of two,
-            at least 128 along an input's last dim and 8 along the others), "off" (one program per exact size), {"multiple": M},
-            {"sizes": [...]} (the smallest listed size that fits; larger sizes stay exact),
-            or {"pow2": MIN} (powers of two, at least MIN).
+            at least 128 along an input's last dim and 8 along the others), "off" (one program
+            per exact size), {"multiple": M}, {"sizes": [...]} (the smallest listed size that
+            fits; larger sizes stay exact), or {"pow2": MIN} (powers of two, at least MIN).
         pallas: Pallas kernels (attention, norms): "auto" (on a TPU target; XLA's own ops
             elsewhere), "interpret" (the TPU kernels in interpret mode, on any platform), "off".
         fallback: ops the device cannot run (no rule, `.item()`, data-dependent shapes):
@@ -28,10 +28,10 @@ class Options:
         mode: "fused" (default; one program per device region) or "strict" (one program per
             ATen op, the baseline of benchmarks/fuse_bench.py). Not torch.compile's `mode=`.
         mesh: {"dp": N, "tp": M}: run partitioned over a device mesh (see torchtpu/spmd, docs/spmd.md).
-        aten_kernels: "auto" (default: on the CPU, dense convolutions call ATen's oneDNN kernel
-            inside the XLA program, see kernels/aten_cpu.py) or "off" (XLA's own everywhere).
         tp_plan: with a mesh: "auto" (the Hugging Face model's own plan) or {pattern: "colwise" |
             "rowwise" | "replicate" | "sequence"}; None: parameters replicated (data parallel).
+        aten_kernels: "auto" (default: on the CPU, dense convolutions call ATen's oneDNN kernel
+            inside the XLA program, see kernels/aten_cpu.py) or "off" (XLA's own everywhere).
     """
 
     platform: str | None = None

@@ -43,8 +43,10 @@ class Mask:
         premask: (argument index, dim, factors, fill): set padded positions of that argument's
             dim to `fill` before the rule runs.
         after: "" | "rescale" (mean: multiply by padded count / true count over `dims`) |
-            "var" (recompute variance over the masked argument) | "keys" (attention: mask keys).
-        dims: for "rescale"/"var": (dim, factors) of argument 0 that were reduced.
+            "var" (recompute variance over the masked argument) | "keys" (attention: mask keys) |
+            "tail" (a slice of the last positions: taken from the true end, compiler/padding.py).
+        dims: for "rescale"/"var": (dim, factors) of argument 0 that were reduced; for "tail":
+            (dim, factors) of the sliced dim.
         true_args: (argument index, expr): a size used as a value (a Tensor argument) takes
             its true value, not the bucket's.
         indices: for index_put: (position in the index list, kind, factors): "drop" sends the

@@ -1,6 +1,7 @@
 """Convolutions (1d/2d/3d, grouped, dilated, transposed) as lax.conv_general_dilated.
 
-The backward op is the VJP of the forward rule, so the two can never disagree.
+The backward op is the VJP of the forward rule, so the two can never disagree; on the CPU
+with ATen's kernels (kernels/aten_cpu.py) both directions are ATen's own, which agree as well.
 """
 from __future__ import annotations
 
@@ -39,14 +40,13 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
 
     On the CPU, XLA's grouped and depthwise convolutions are slow (measured 3x and 130x
     slower than the forms below, docs/DECISIONS.md), so those take another form there, and
-    with `aten` a dense one calls ATen's own kernel (kernels/aten_cpu.py; forward only).
+    with `aten` a dense one calls ATen's own kernel (kernels/aten_cpu.py).
     """
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     output_padding = _expand(output_padding or 0, nd)
     if aten and not transposed and groups == 1 and _aten_dtypes(x, w):
-        out = [(n + 2 * p - d * (k - 1) - 1) // s + 1
-               for n, p, d, k, s in zip(x.shape[2:], padding, dilation, w.shape[2:], stride)]
+        out = _out_size(x.shape[2:], w.shape[2:], stride, padding, dilation)
         return aten_cpu.convolution(x, w, stride, padding, dilation, groups, [x.shape[0], w.shape[0], *out])
     acc = accumulate_dtype(x.dtype)
     integer = not jnp.issubdtype(x.dtype, jnp.inexact)
@@ -82,13 +82,19 @@ _MAX_SHIFTED_TAPS = 64  # kernel elements: one multiply-add each, fused by XLA i
 _MAX_SPLIT_GROUPS = 16
 
 
+def _out_size(spatial, kernel, stride, padding, dilation) -> list[int]:
+    """A forward convolution's output spatial sizes."""
+    return [(n + 2 * p - d * (k - 1) - 1) // s + 1
+            for n, k, s, p, d in zip(spatial, kernel, stride, padding, dilation)]
+
+
 def _depthwise_by_shifts(x, w, stride, padding, dilation):
     """A depthwise convolution (one filter per channel) as a sum of shifted, strided slices of
     the padded input, each scaled by one kernel tap."""
     nd = x.ndim - 2
     x = jnp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
     k = w.shape[2:]
-    out_size = [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(x.shape[2:], k, stride, dilation)]
+    out_size = _out_size(x.shape[2:], k, stride, [0] * nd, dilation)
     out = None
     for tap in itertools.product(*(range(kk) for kk in k)):
         start = [0, 0] + [t * d for t, d in zip(tap, dilation)]
