@@ -142,10 +142,13 @@ def test_cpu_convolution_calls_aten_and_matches_eager(tmp_path, dtype):
     assert "torchtpu_aten_convolution" in text
     with torch.no_grad():
         out = compile_tpu(conv)(x)
-        # the very kernel eager runs: equal bits, except that bfloat16 rounds before the bias
-        # is added (eager's oneDNN adds it in float32), one bfloat16 step at most
+        # the very kernel eager runs on a channels-last input: equal bits, except that bfloat16
+        # rounds before the bias is added (eager's oneDNN adds it in float32), one bfloat16 step at most
         tol = dict(rtol=2 ** -7, atol=2 ** -7) if dtype == torch.bfloat16 else dict(rtol=0, atol=0)
-        torch.testing.assert_close(out, conv(x), **tol)
+        torch.testing.assert_close(out, conv.to(memory_format=torch.channels_last)(
+            x.contiguous(memory_format=torch.channels_last)), **tol)
+        # and eager's own layout within float tolerance
+        torch.testing.assert_close(out, conv(x), **(tol if dtype == torch.bfloat16 else {}))
 
 
 @NEEDS_CXX
@@ -154,8 +157,13 @@ def test_aten_kernels_off_and_grouped_split_and_backward(tmp_path):
     grouped = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)
     x = torch.randn(2, 8, 9, 9)
     assert "torchtpu_aten_convolution" not in _stablehlo(grouped, x, tmp_path / "off", aten_kernels="off")
-    # a grouped convolution is split into dense ones on the CPU, each an ATen call
-    assert _stablehlo(grouped, x, tmp_path / "on").count("torchtpu_aten_convolution(") >= 2
+    # a grouped 2d convolution is one channels-last ATen call on the CPU ...
+    text = _stablehlo(grouped, x, tmp_path / "on")
+    assert text.count("torchtpu_aten_convolution(") == 1 and "channels_last = 1" in text
+    # ... a grouped 1d one is split into dense ones, each an ATen call in torch's own layout
+    grouped1d = torch.nn.Conv1d(8, 8, 3, padding=1, groups=2)
+    text = _stablehlo(grouped1d, torch.randn(2, 8, 9), tmp_path / "on1d")
+    assert text.count("torchtpu_aten_convolution(") == 2 and "channels_last = 0" in text
     # training: the backward graph calls ATen's convolution_backward, and matches eager
     compiled = compile_tpu(grouped, options={"dump_dir": str(tmp_path / "train")})
     actual = _forward_and_grads(grouped, x, compiled)

@@ -30,8 +30,8 @@ class Options:
         mesh: {"dp": N, "tp": M}: run partitioned over a device mesh (see torchtpu/spmd, docs/spmd.md).
         tp_plan: with a mesh: "auto" (the Hugging Face model's own plan) or {pattern: "colwise" |
             "rowwise" | "replicate" | "sequence"}; None: parameters replicated (data parallel).
-        aten_kernels: "auto" (default: on the CPU, dense convolutions call ATen's oneDNN kernel
-            inside the XLA program, see kernels/aten_cpu.py) or "off" (XLA's own everywhere).
+        aten_kernels: "auto" (default: on the CPU, convolutions call ATen's oneDNN kernels inside
+            the XLA program, 2d/3d ones channels-last, see kernels/aten_cpu.py) or "off" (XLA's own).
     """
 
     platform: str | None = None

@@ -1,8 +1,9 @@
 // XLA FFI handlers that run ATen's CPU kernels (oneDNN) inside an XLA:CPU program.
 //
 // Built and registered by torchtpu/kernels/aten_cpu.py; the convolution rule calls them on the
-// CPU platform only (docs/DECISIONS.md). Operands and results are row-major XLA buffers, wrapped
-// as ATen tensors without copying; the result is copied into XLA's output buffer.
+// CPU platform only (docs/DECISIONS.md). Operands and results are XLA buffers, row-major or (with
+// the `channels_last` attribute) channels-minor, wrapped as ATen tensors of that memory format
+// without copying; the result is copied into XLA's output buffer.
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -30,16 +31,26 @@ bool ScalarType(ffi::DataType type, at::ScalarType* out) {
   }
 }
 
-at::Tensor Wrap(void* data, ffi::Span<const int64_t> dims, at::ScalarType type) {
-  return at::from_blob(data, std::vector<int64_t>(dims.begin(), dims.end()),
-                       at::TensorOptions().dtype(type));
+// An XLA buffer as an ATen tensor of the same logical dims (N, C, spatial...), no copy. With
+// `channels_last` the buffer's layout is channels-minor (XLA was asked for it), so are the strides.
+at::Tensor Wrap(void* data, ffi::Span<const int64_t> dims, at::ScalarType type, bool channels_last) {
+  std::vector<int64_t> sizes(dims.begin(), dims.end());
+  std::vector<int64_t> strides(sizes.size(), 1);
+  if (channels_last && sizes.size() > 2) {
+    int64_t step = sizes[1];
+    for (size_t d = sizes.size() - 1; d >= 2; --d) { strides[d] = step; step *= sizes[d]; }
+    strides[0] = step;
+  } else {
+    for (size_t d = sizes.size() - 1; d > 0; --d) strides[d - 1] = strides[d] * sizes[d];
+  }
+  return at::from_blob(data, sizes, strides, at::TensorOptions().dtype(type));
 }
 
 std::vector<int64_t> Vec(ffi::Span<const int64_t> s) { return {s.begin(), s.end()}; }
 
 ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
                        ffi::Span<const int64_t> stride, ffi::Span<const int64_t> padding,
-                       ffi::Span<const int64_t> dilation, int64_t groups) {
+                       ffi::Span<const int64_t> dilation, int64_t groups, int64_t channels_last) {
   at::ScalarType type;
   if (!ScalarType(x.element_type(), &type) || w.element_type() != x.element_type() ||
       out->element_type() != x.element_type()) {
@@ -49,10 +60,10 @@ ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyB
     at::init_num_threads();  // this XLA thread takes torch's thread count (torch.set_num_threads)
     c10::InferenceMode guard;
     at::Tensor result = at::convolution(
-        Wrap(x.untyped_data(), x.dimensions(), type), Wrap(w.untyped_data(), w.dimensions(), type),
+        Wrap(x.untyped_data(), x.dimensions(), type, channels_last), Wrap(w.untyped_data(), w.dimensions(), type, channels_last),
         std::nullopt, Vec(stride), Vec(padding), Vec(dilation), /*transposed=*/false,
         std::vector<int64_t>(stride.size(), 0), groups);
-    Wrap(out->untyped_data(), out->dimensions(), type).copy_(result);
+    Wrap(out->untyped_data(), out->dimensions(), type, channels_last).copy_(result);
   } catch (const std::exception& e) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_convolution: ") + e.what());
   }
@@ -65,7 +76,7 @@ ffi::Error ConvolutionBackward(ffi::AnyBuffer grad, ffi::AnyBuffer x, ffi::AnyBu
                                ffi::Result<ffi::AnyBuffer> grad_x, ffi::Result<ffi::AnyBuffer> grad_w,
                                ffi::Span<const int64_t> stride, ffi::Span<const int64_t> padding,
                                ffi::Span<const int64_t> dilation, int64_t groups, int64_t mask_x,
-                               int64_t mask_w) {
+                               int64_t mask_w, int64_t channels_last) {
   at::ScalarType type;
   if (!ScalarType(x.element_type(), &type) || w.element_type() != x.element_type() ||
       grad.element_type() != x.element_type()) {
@@ -75,11 +86,11 @@ ffi::Error ConvolutionBackward(ffi::AnyBuffer grad, ffi::AnyBuffer x, ffi::AnyBu
     at::init_num_threads();
     c10::InferenceMode guard;
     auto [gx, gw, gb] = at::convolution_backward(
-        Wrap(grad.untyped_data(), grad.dimensions(), type), Wrap(x.untyped_data(), x.dimensions(), type),
-        Wrap(w.untyped_data(), w.dimensions(), type), std::nullopt, Vec(stride), Vec(padding), Vec(dilation),
+        Wrap(grad.untyped_data(), grad.dimensions(), type, channels_last), Wrap(x.untyped_data(), x.dimensions(), type, channels_last),
+        Wrap(w.untyped_data(), w.dimensions(), type, channels_last), std::nullopt, Vec(stride), Vec(padding), Vec(dilation),
         /*transposed=*/false, std::vector<int64_t>(stride.size(), 0), groups, {mask_x != 0, mask_w != 0, false});
-    if (mask_x) Wrap(grad_x->untyped_data(), grad_x->dimensions(), type).copy_(gx);
-    if (mask_w) Wrap(grad_w->untyped_data(), grad_w->dimensions(), type).copy_(gw);
+    if (mask_x) Wrap(grad_x->untyped_data(), grad_x->dimensions(), type, channels_last).copy_(gx);
+    if (mask_w) Wrap(grad_w->untyped_data(), grad_w->dimensions(), type, channels_last).copy_(gw);
   } catch (const std::exception& e) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_convolution_backward: ") + e.what());
   }
@@ -100,7 +111,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolutionBackward, ConvolutionBackwa
                                   .Attr<ffi::Span<const int64_t>>("dilation")
                                   .Attr<int64_t>("groups")
                                   .Attr<int64_t>("mask_x")
-                                  .Attr<int64_t>("mask_w"));
+                                  .Attr<int64_t>("mask_w")
+                                  .Attr<int64_t>("channels_last"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolution, Convolution,
                               ffi::Ffi::Bind()
@@ -110,4 +122,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolution, Convolution,
                                   .Attr<ffi::Span<const int64_t>>("stride")
                                   .Attr<ffi::Span<const int64_t>>("padding")
                                   .Attr<ffi::Span<const int64_t>>("dilation")
-                                  .Attr<int64_t>("groups"));
+                                  .Attr<int64_t>("groups")
+                                  .Attr<int64_t>("channels_last"));

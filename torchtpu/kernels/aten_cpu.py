@@ -1,7 +1,7 @@
 """ATen's CPU convolution as an XLA custom call: oneDNN's kernels inside an XLA:CPU program.
 
 XLA's CPU convolutions are slow next to oneDNN's (docs/DECISIONS.md 38), and Inductor calls
-oneDNN for its convolutions too. `aten_cpu.cc` is compiled once per source, torch and jaxlib
+oneDNN for its convolutions too. 2d/3d calls ask XLA for channels-last buffers (decision 40). `aten_cpu.cc` is compiled once per source, torch and jaxlib
 version into TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`) with `$CXX`
 (default g++), then registered with XLA as the CPU FFI target `torchtpu_aten_convolution`.
 Where it cannot be built, convolutions stay XLA's and one warning says why.
@@ -110,31 +110,50 @@ def _register(path: Path) -> None:
                                 platform="cpu")
 
 
-def convolution(x, w, stride, padding, dilation, groups: int, out_shape):
-    """torch.nn.functional.conv{1,2,3}d without bias (x, w: row-major arrays of one dtype)."""
+def convolution(x, w, stride, padding, dilation, groups: int, out_shape, channels_last=False):
+    """torch.nn.functional.conv{1,2,3}d without bias (x, w: arrays of one dtype).
+
+    With `channels_last` XLA hands the kernel every array channels-minor (NHWC in memory,
+    still NCHW to the program) and keeps that layout around it where it can."""
     import jax
 
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(tuple(out_shape), x.dtype))
-    return call(x, w, **_attrs(stride, padding, dilation, groups))
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(tuple(out_shape), x.dtype),
+                            **_layouts(channels_last, [x, w], [out_shape]))
+    return call(x, w, **_attrs(stride, padding, dilation, groups, channels_last))
 
 
-def convolution_backward(grad, x, w, stride, padding, dilation, groups: int, mask=(True, True)):
+def convolution_backward(grad, x, w, stride, padding, dilation, groups: int, mask=(True, True),
+                         channels_last=False):
     """(d/dx, d/dw) of `convolution` given d/d(out); an entry not in `mask` is None."""
     import jax
     import numpy as np
 
     call = jax.ffi.ffi_call(BACKWARD_TARGET, (jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                              jax.ShapeDtypeStruct(w.shape, w.dtype)))
+                                              jax.ShapeDtypeStruct(w.shape, w.dtype)),
+                            **_layouts(channels_last, [grad, x, w], [x.shape, w.shape]))
     gx, gw = call(grad, x, w, mask_x=np.int64(mask[0]), mask_w=np.int64(mask[1]),
-                  **_attrs(stride, padding, dilation, groups))
+                  **_attrs(stride, padding, dilation, groups, channels_last))
     return (gx if mask[0] else None), (gw if mask[1] else None)
 
 
-def _attrs(stride, padding, dilation, groups) -> dict:
+def _layouts(channels_last, args, result_shapes) -> dict:
+    """ffi_call's layouts (major-to-minor): N, spatial..., C for every operand and result."""
+    if not channels_last:
+        return {}
+
+    def order(ndim):
+        return (0, *range(2, ndim), 1)
+
+    outs = [order(len(s)) for s in result_shapes]
+    return dict(input_layouts=[order(a.ndim) for a in args], output_layouts=outs if len(outs) > 1 else outs[0])
+
+
+def _attrs(stride, padding, dilation, groups, channels_last) -> dict:
     import numpy as np
 
     return dict(stride=np.asarray(stride, np.int64), padding=np.asarray(padding, np.int64),
-                dilation=np.asarray(dilation, np.int64), groups=np.int64(groups))
+                dilation=np.asarray(dilation, np.int64), groups=np.int64(groups),
+                channels_last=np.int64(channels_last))
 
 
 if __name__ == "__main__":

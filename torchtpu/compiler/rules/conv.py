@@ -39,15 +39,17 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
     """torch's convolution (no bias), computed in x's dtype with float32 accumulation.
 
     On the CPU, XLA's grouped and depthwise convolutions are slow (measured 3x and 130x
-    slower than the forms below, docs/DECISIONS.md), so those take another form there, and
-    with `aten` a dense one calls ATen's own kernel (kernels/aten_cpu.py).
+    slower than the forms below, docs/DECISIONS.md), so those take another form there. With
+    `aten` the convolution calls ATen's own kernel (kernels/aten_cpu.py): 2d and 3d ones of any
+    groups channels-last, which oneDNN runs fastest (docs/DECISIONS.md 40), 1d dense ones as they are.
     """
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     output_padding = _expand(output_padding or 0, nd)
-    if aten and not transposed and groups == 1 and _aten_dtypes(x, w):
+    if aten and not transposed and (groups == 1 or _channels_last(nd)) and _aten_dtypes(x, w):
         out = _out_size(x.shape[2:], w.shape[2:], stride, padding, dilation)
-        return aten_cpu.convolution(x, w, stride, padding, dilation, groups, [x.shape[0], w.shape[0], *out])
+        return aten_cpu.convolution(x, w, stride, padding, dilation, groups, [x.shape[0], w.shape[0], *out],
+                                    channels_last=_channels_last(nd))
     acc = accumulate_dtype(x.dtype)
     integer = not jnp.issubdtype(x.dtype, jnp.inexact)
     kw = {} if integer else dict(precision=precision(), preferred_element_type=acc)
@@ -80,6 +82,11 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
 _ATEN_DTYPES = (jnp.float32, jnp.float64, jnp.bfloat16)
 _MAX_SHIFTED_TAPS = 64  # kernel elements: one multiply-add each, fused by XLA into one loop
 _MAX_SPLIT_GROUPS = 16
+
+
+def _channels_last(nd: int) -> bool:
+    """ATen runs a 2d/3d convolution channels-last (torch has that memory format for 4d/5d only)."""
+    return nd in (2, 3)
 
 
 def _out_size(spatial, kernel, stride, padding, dilation) -> list[int]:
@@ -142,7 +149,8 @@ def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation
     nd = x.ndim - 2
     if (output_mask[0] or output_mask[1]) and not transposed and _aten_dtypes(grad, x, w) and _use_aten(ctx):
         grad_input, grad_weight = aten_cpu.convolution_backward(
-            grad, x, w, _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups, output_mask[:2])
+            grad, x, w, _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups, output_mask[:2],
+            channels_last=_channels_last(nd))
     elif output_mask[0] or output_mask[1]:
         def forward(x_, w_):
             return conv(x_, w_, stride, padding, dilation, transposed, output_padding, groups,
