@@ -81,6 +81,22 @@ def test_max_pool_indices_and_ties():
     torch.testing.assert_close(idx, fn(x)[1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", ["max_pool2d", "max_pool2d_ceil_dilated", "max_pool3d"])
+def test_max_pool_values_alone_are_one_reduce_window(name, tmp_path):
+    # With no reader of the indices (inference), a max pool is one reduce_window: equal to
+    # eager, NaN and -inf included, and with no gather of windows left in the program.
+    torch.manual_seed(0)
+    make, shape = CASES[name]
+    pool = make()
+    x = torch.randn(shape)
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[3::11] = float("-inf")
+    with torch.no_grad():
+        text = _stablehlo(pool, x, tmp_path)
+        torch.testing.assert_close(compile_tpu(pool)(x), pool(x), rtol=0, atol=0, equal_nan=True)
+    assert "stablehlo.reduce_window" in text and "stablehlo.gather" not in text
+
+
 def test_adaptive_avg_pool_exact_bins():
     # 7 -> 3 bins: [0,3), [2,5), [4,7); every output is the mean of its own bin.
     x = torch.arange(7.0).reshape(1, 1, 1, 7)

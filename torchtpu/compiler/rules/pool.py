@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -126,9 +127,34 @@ def _regular_tables(x, nd, out, kernel, stride, padding, dilation):
 
 
 def _max_pool(ctx, x, nd, kernel, stride, padding, dilation):
-    tables = _regular_tables(x, nd, _out_spatial(ctx, nd), kernel, stride, padding, dilation)
+    out = _out_spatial(ctx, nd)
+    if not _indices_used(ctx.node) and jnp.issubdtype(x.dtype, jnp.floating):
+        return _max_values(x, nd, out, kernel, stride, padding, dilation), None
+    tables = _regular_tables(x, nd, out, kernel, stride, padding, dilation)
     values, valid, flat = _windows(x, tables)
     return _max_with_indices(values, valid, flat)
+
+
+def _indices_used(node) -> bool:
+    """Whether anything reads a max pool's indices (inference graphs read only the values)."""
+    return not all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
+
+
+def _max_values(x, nd, out, kernel, stride, padding, dilation):
+    """The values alone, as one reduce_window: XLA's max propagates NaN as torch's does, and
+    padding (-inf) never wins a window that holds an input element. The gather form above
+    costs twice as much on the CPU (docs/DECISIONS.md 41)."""
+    kernel = _expand(kernel, nd)
+    stride = _expand(stride, nd) or kernel
+    padding, dilation = _expand(padding, nd), _expand(dilation, nd)
+    # the high side pads up to the last window torch computes (ceil_mode may need more)
+    high = [(o - 1) * s + d * (k - 1) + 1 - n - p
+            for o, s, d, k, n, p in zip(out, stride, dilation, kernel, x.shape[-nd:], padding)]
+    lead = x.ndim - nd
+    return lax.reduce_window(x, _lowest(x.dtype), lax.max, (1,) * lead + tuple(kernel),
+                             (1,) * lead + tuple(stride),
+                             [(0, 0)] * lead + [(p, max(h, 0)) for p, h in zip(padding, high)],
+                             window_dilation=(1,) * lead + tuple(dilation))
 
 
 @op(aten.max_pool2d_with_indices.default)
