@@ -35,10 +35,40 @@ def test_resident_copy_is_reused_until_the_tensor_changes():
     assert residency.size() == before - 2  # both placements forgotten with the tensor
 
 
+def test_cpu_parameters_are_reused_zero_copy_and_go_with_the_model():
+    # On the CPU a parameter's or buffer's device array is a view of its own memory, made once;
+    # the view must not keep the model alive: deleting the model drops its entries.
+    import weakref
+
+    residency.clear()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4)).eval()
+    model[1].running_mean.normal_()
+    compiled = compile_tpu(model)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        held = residency.size()
+        assert held >= 6  # two weights and biases, BatchNorm's affine and running statistics
+        arrays = {id(a) for a in residency._entries_arrays()}
+        torch.testing.assert_close(compiled(x), model(x))
+        assert {id(a) for a in residency._entries_arrays()} == arrays  # reused, not imported again
+        mean = model[1].running_mean  # a buffer: no autograd alias of its own
+        array = next(a for a in residency._entries_arrays() if a.unsafe_buffer_pointer() == mean.data_ptr())
+        mean.add_(1)  # an in-place update is seen (the version moves)
+        torch.testing.assert_close(compiled(x), model(x))
+    alive = weakref.ref(mean)
+    del model, compiled, mean, array
+    gc.collect()
+    torch._dynamo.reset()
+    gc.collect()
+    assert alive() is None and residency.size() == 0
+
+
 @pytest.fixture
 def resident_on_cpu(monkeypatch):
     """Parameters as they are on an accelerator: copied to the device once, then reused."""
-    monkeypatch.setattr(Executable, "RESIDENT_ON_CPU", True)
+    monkeypatch.setattr(Executable, "COPY_ON_CPU", True)
     residency.clear()
     yield
     residency.clear()

@@ -98,14 +98,20 @@ class Executable:
         self.device = device
         self._execute = getattr(xla_executable, "execute_sharded", None)
 
-    # On the CPU an input is a zero-copy view of the tensor's memory: nothing is transferred,
-    # and a view held between calls would keep the tensor alive. Tests set this to check, on
-    # the CPU, that resident copies follow in-place updates.
-    RESIDENT_ON_CPU = False
+    # Tests set this to copy resident inputs on the CPU too, as an accelerator's transfer does,
+    # to check that resident copies follow in-place updates.
+    COPY_ON_CPU = False
 
     def _put(self, t: torch.Tensor):
+        """The device array of a parameter or buffer, kept by runtime/residency.py.
+
+        On the CPU it is a zero-copy view of the tensor's memory, made from a detached alias:
+        the view holds the alias, never `t` itself, so `t` can still die (torch keeps a tensor's
+        Python object alive while C++ holds it) and its entry, the view and the memory go with it.
+        Reusing the view saves PJRT's DLPack import per parameter per call (docs/DECISIONS.md 42).
+        """
         if transfer.zero_copy(self.device):
-            t = t.detach().clone()  # a copy, as on an accelerator; the view holds only the clone
+            t = t.detach().clone() if self.COPY_ON_CPU else t.detach()
         return transfer.to_device(t, self.device)
 
     @classmethod
@@ -143,7 +149,7 @@ class Executable:
             raise NotRunnableHere(f"this executable was compiled for {self.device} without one attached")
         layout, device = self.layout, self.device
         like = args[layout.tensor_inputs[0]].device if layout.tensor_inputs else None  # outputs go there
-        if resident and (self.RESIDENT_ON_CPU or not transfer.zero_copy(device)):
+        if resident:
             arrays = [residency.resident(args[i], device, self._put) if i in resident
                       else transfer.to_device(args[i], device) for i in layout.tensor_inputs]
         else:

@@ -54,3 +54,8 @@ def clear() -> None:
 
 def size() -> int:
     return len(_entries)
+
+
+def _entries_arrays() -> list:
+    """The device arrays held now (tests)."""
+    return [entry[2] for entry in _entries.values()]
