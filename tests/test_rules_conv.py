@@ -1,6 +1,7 @@
 """Convolution, pooling and grid sampling: forward values and gradients against eager."""
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 
@@ -173,8 +174,11 @@ def test_aten_kernels_off_and_grouped_split_and_backward(tmp_path):
     grouped = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)
     x = torch.randn(2, 8, 9, 9)
     assert "torchtpu_aten_convolution" not in _stablehlo(grouped, x, tmp_path / "off", aten_kernels="off")
-    # a grouped 2d convolution is one channels-last ATen call on the CPU ...
+    # a grouped 2d convolution is one channels-last ATen call on the CPU, float32 written into
+    # XLA's own buffer ...
     text = _stablehlo(grouped, x, tmp_path / "on")
+    assert text.count("torchtpu_aten_convolution_into(") == 1 and "torchtpu_aten_convolution(" not in text
+    text = _stablehlo(copy.deepcopy(grouped).double(), x.double(), tmp_path / "on64")  # ... others copied there
     assert text.count("torchtpu_aten_convolution(") == 1 and "channels_last = 1" in text
     # ... a grouped 1d one is split into dense ones, each an ATen call in torch's own layout
     grouped1d = torch.nn.Conv1d(8, 8, 3, padding=1, groups=2)

@@ -3,13 +3,14 @@
 // Built and registered by torchtpu/kernels/aten_cpu.py; the convolution rule calls them on the
 // CPU platform only (docs/DECISIONS.md). Operands and results are XLA buffers, row-major or (with
 // the `channels_last` attribute) channels-minor, wrapped as ATen tensors of that memory format
-// without copying; the result is copied into XLA's output buffer.
+// without copying; the result is copied into XLA's output buffer, or (float32 2d) computed there.
 #include <cstdint>
 #include <exception>
 #include <string>
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
@@ -70,6 +71,40 @@ ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyB
   return ffi::Error::Success();
 }
 
+// Convolution written straight into XLA's output buffer, which XLA filled with zeros (the zeros
+// operand aliases the result): oneDNN adds the convolution into it in place (ATen's
+// mkldnn::_convolution_pointwise_.binary, "add"), so no result is allocated and copied. 2d
+// float32 channels-last only; where that op is missing, the plain call and a copy.
+ffi::Error ConvolutionInto(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer zeros, ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Span<const int64_t> stride, ffi::Span<const int64_t> padding,
+                           ffi::Span<const int64_t> dilation, int64_t groups) {
+  if (x.element_type() != ffi::DataType::F32 || w.element_type() != ffi::DataType::F32 ||
+      out->element_type() != ffi::DataType::F32 || x.dimensions().size() != 4) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_convolution_into: 2d float32 only");
+  }
+  static const std::optional<c10::OperatorHandle> add_into =
+      c10::Dispatcher::singleton().findSchema({"mkldnn::_convolution_pointwise_", "binary"});
+  try {
+    at::init_num_threads();
+    c10::InferenceMode guard;
+    at::Tensor input = Wrap(x.untyped_data(), x.dimensions(), at::kFloat, true);
+    at::Tensor weight = Wrap(w.untyped_data(), w.dimensions(), at::kFloat, true);
+    at::Tensor result = Wrap(out->untyped_data(), out->dimensions(), at::kFloat, true);
+    if (add_into) {
+      torch::jit::Stack stack{result, input, weight, c10::IValue(), Vec(padding), Vec(stride), Vec(dilation), groups,
+                              std::string("add"), c10::IValue(), c10::IValue(),
+                              c10::List<std::optional<at::Scalar>>(), c10::IValue()};
+      add_into->callBoxed(&stack);
+    } else {
+      result.copy_(at::convolution(input, weight, std::nullopt, Vec(stride), Vec(padding), Vec(dilation), false,
+                                   std::vector<int64_t>(stride.size(), 0), groups));
+    }
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_convolution_into: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
 // d(loss)/d(x) and d(loss)/d(w) of Convolution, from d(loss)/d(out); a result whose mask is 0
 // is left unwritten (the rule drops it).
 ffi::Error ConvolutionBackward(ffi::AnyBuffer grad, ffi::AnyBuffer x, ffi::AnyBuffer w,
@@ -124,3 +159,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolution, Convolution,
                                   .Attr<ffi::Span<const int64_t>>("dilation")
                                   .Attr<int64_t>("groups")
                                   .Attr<int64_t>("channels_last"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolutionInto, ConvolutionInto,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("stride")
+                                  .Attr<ffi::Span<const int64_t>>("padding")
+                                  .Attr<ffi::Span<const int64_t>>("dilation")
+                                  .Attr<int64_t>("groups"));

@@ -23,6 +23,7 @@ from pathlib import Path
 
 TARGET = "torchtpu_aten_convolution"
 BACKWARD_TARGET = "torchtpu_aten_convolution_backward"
+INTO_TARGET = "torchtpu_aten_convolution_into"
 SOURCE = Path(__file__).with_name("aten_cpu.cc")
 
 log = logging.getLogger("torchtpu.kernels")
@@ -106,6 +107,7 @@ def _register(path: Path) -> None:
 
     lib = ctypes.CDLL(str(path))
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolution), platform="cpu")
+    jax.ffi.register_ffi_target(INTO_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolutionInto), platform="cpu")
     jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolutionBackward),
                                 platform="cpu")
 
@@ -116,9 +118,18 @@ def convolution(x, w, stride, padding, dilation, groups: int, out_shape, channel
     With `channels_last` XLA hands the kernel every array channels-minor (NHWC in memory,
     still NCHW to the program) and keeps that layout around it where it can."""
     import jax
+    import jax.numpy as jnp
 
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(tuple(out_shape), x.dtype),
-                            **_layouts(channels_last, [x, w], [out_shape]))
+    result = jax.ShapeDtypeStruct(tuple(out_shape), x.dtype)
+    if channels_last and x.ndim == 4 and x.dtype == jnp.float32 and w.dtype == jnp.float32:
+        # written into XLA's zero-filled buffer in place: no result to allocate and copy
+        zeros = jnp.zeros(result.shape, result.dtype)
+        call = jax.ffi.ffi_call(INTO_TARGET, result, input_output_aliases={2: 0},
+                                **_layouts(True, [x, w, zeros], [out_shape]))
+        attrs = _attrs(stride, padding, dilation, groups, channels_last)
+        del attrs["channels_last"]
+        return call(x, w, zeros, **attrs)
+    call = jax.ffi.ffi_call(TARGET, result, **_layouts(channels_last, [x, w], [out_shape]))
     return call(x, w, **_attrs(stride, padding, dilation, groups, channels_last))
 
 
