@@ -3,7 +3,8 @@
 XLA's CPU convolutions are slow next to oneDNN's (docs/DECISIONS.md 38), and Inductor calls
 oneDNN for its convolutions too. 2d/3d calls ask XLA for channels-last buffers (decision 40). `aten_cpu.cc` is compiled once per source, torch and jaxlib
 version into TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`) with `$CXX`
-(default g++), then registered with XLA as the CPU FFI target `torchtpu_aten_convolution`.
+(default g++), then registered with XLA as the CPU FFI targets `torchtpu_aten_convolution`,
+`..._into` (float32 2d, written into XLA's buffer: decision 43) and `..._backward`.
 Where it cannot be built, convolutions stay XLA's and one warning says why.
 `TORCHTPU_ATEN_KERNELS=0` or the option `aten_kernels="off"` turns it off.
 
@@ -126,9 +127,7 @@ def convolution(x, w, stride, padding, dilation, groups: int, out_shape, channel
         zeros = jnp.zeros(result.shape, result.dtype)
         call = jax.ffi.ffi_call(INTO_TARGET, result, input_output_aliases={2: 0},
                                 **_layouts(True, [x, w, zeros], [out_shape]))
-        attrs = _attrs(stride, padding, dilation, groups, channels_last)
-        del attrs["channels_last"]
-        return call(x, w, zeros, **attrs)
+        return call(x, w, zeros, **_attrs(stride, padding, dilation, groups))
     call = jax.ffi.ffi_call(TARGET, result, **_layouts(channels_last, [x, w], [out_shape]))
     return call(x, w, **_attrs(stride, padding, dilation, groups, channels_last))
 
@@ -159,12 +158,13 @@ def _layouts(channels_last, args, result_shapes) -> dict:
     return dict(input_layouts=[order(a.ndim) for a in args], output_layouts=outs if len(outs) > 1 else outs[0])
 
 
-def _attrs(stride, padding, dilation, groups, channels_last) -> dict:
+def _attrs(stride, padding, dilation, groups, channels_last=None) -> dict:
+    """The handlers' attributes (`channels_last` only for those that take it)."""
     import numpy as np
 
-    return dict(stride=np.asarray(stride, np.int64), padding=np.asarray(padding, np.int64),
-                dilation=np.asarray(dilation, np.int64), groups=np.int64(groups),
-                channels_last=np.int64(channels_last))
+    attrs = dict(stride=np.asarray(stride, np.int64), padding=np.asarray(padding, np.int64),
+                 dilation=np.asarray(dilation, np.int64), groups=np.int64(groups))
+    return attrs if channels_last is None else {**attrs, "channels_last": np.int64(channels_last)}
 
 
 if __name__ == "__main__":
