@@ -58,7 +58,9 @@ ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyB
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_convolution: unsupported dtype");
   }
   try {
-    at::init_num_threads();  // this XLA thread takes torch's thread count (torch.set_num_threads)
+    // this XLA thread takes torch's thread count once, as each of torch's own threads does
+    // (at::init_num_threads on every call would also clear oneDNN's primitive cache each time)
+    at::internal::lazy_init_num_threads();
     c10::InferenceMode guard;
     at::Tensor result = at::convolution(
         Wrap(x.untyped_data(), x.dimensions(), type, channels_last), Wrap(w.untyped_data(), w.dimensions(), type, channels_last),
@@ -85,7 +87,7 @@ ffi::Error ConvolutionInto(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer ze
   static const std::optional<c10::OperatorHandle> add_into =
       c10::Dispatcher::singleton().findSchema({"mkldnn::_convolution_pointwise_", "binary"});
   try {
-    at::init_num_threads();
+    at::internal::lazy_init_num_threads();
     c10::InferenceMode guard;
     at::Tensor input = Wrap(x.untyped_data(), x.dimensions(), at::kFloat, true);
     at::Tensor weight = Wrap(w.untyped_data(), w.dimensions(), at::kFloat, true);
@@ -118,7 +120,7 @@ ffi::Error ConvolutionBackward(ffi::AnyBuffer grad, ffi::AnyBuffer x, ffi::AnyBu
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_convolution_backward: unsupported dtype");
   }
   try {
-    at::init_num_threads();
+    at::internal::lazy_init_num_threads();
     c10::InferenceMode guard;
     auto [gx, gw, gb] = at::convolution_backward(
         Wrap(grad.untyped_data(), grad.dimensions(), type, channels_last), Wrap(x.untyped_data(), x.dimensions(), type, channels_last),
