@@ -215,3 +215,61 @@ def test_unbuildable_kernels_fall_back_to_xla_with_one_warning(monkeypatch, tmp_
         torch.testing.assert_close(compile_tpu(conv, options={"dump_dir": str(tmp_path / "d")})(x), conv(x))
     text = "\n".join(p.read_text() for p in (tmp_path / "d").glob("*.stablehlo.mlir"))
     assert "stablehlo.convolution" in text and "torchtpu_aten_convolution" not in text
+
+
+def _eval_conv_bn(relu: bool, dtype=torch.float32):
+    torch.manual_seed(0)
+    layers = [torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8)] + ([torch.nn.ReLU()] if relu else [])
+    model = torch.nn.Sequential(*layers).to(dtype).eval()
+    bn = model[1]
+    with torch.no_grad():
+        bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2.0), bn.weight.normal_(), bn.bias.normal_()
+    return model, torch.randn(2, 3, 10, 9, dtype=dtype)
+
+
+def _dumped(tmp_path, suffix):
+    return "\n".join(p.read_text() for p in tmp_path.glob(f"*.{suffix}"))
+
+
+@NEEDS_CXX
+@pytest.mark.parametrize("relu", [True, False])
+def test_eval_conv_batchnorm_relu_is_one_aten_call(tmp_path, relu):
+    # An eval-mode BatchNorm (and ReLU) after a convolution is one fused node; on the CPU it is
+    # folded into the convolution and oneDNN applies bias and ReLU as it writes.
+    model, x = _eval_conv_bn(relu)
+    with torch.no_grad():
+        out = compile_tpu(model, options={"dump_dir": str(tmp_path / "on")})(x)
+        torch.testing.assert_close(out, model(x))  # folding rounds differently: float tolerance
+        fx, text = _dumped(tmp_path / "on", "fx.txt"), _dumped(tmp_path / "on", "stablehlo.mlir")
+        assert "torchtpu.conv_bn" in fx and "batch_norm" not in fx and "relu.default" not in fx
+        assert text.count("torchtpu_aten_convolution_into(") == 1 and f"relu = {int(relu)} " in text
+        # without ATen's kernels the same node lowers as convolution, BatchNorm and ReLU
+        off = compile_tpu(model, options={"aten_kernels": "off", "dump_dir": str(tmp_path / "off")})(x)
+        torch.testing.assert_close(off, model(x))
+        assert "torchtpu_aten" not in _dumped(tmp_path / "off", "stablehlo.mlir")
+
+
+def test_conv_batchnorm_fusion_leaves_float64_exact_and_other_readers_alone(tmp_path):
+    model, x = _eval_conv_bn(True, torch.float64)
+    with torch.no_grad():  # float64 is fused but not folded: the ops as eager runs them
+        out = compile_tpu(model, options={"dump_dir": str(tmp_path / "f64")})(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-12, atol=1e-12)
+    assert "conv_bn" in _dumped(tmp_path / "f64", "fx.txt")
+
+    class TwoReaders(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = _eval_conv_bn(False)[0]
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.bn(y), y
+
+    two = TwoReaders().eval()
+    x = torch.randn(2, 3, 10, 9)
+    with torch.no_grad():
+        assert_close_tree(compile_tpu(two, options={"dump_dir": str(tmp_path / "two")})(x), two(x))
+    assert "conv_bn" not in _dumped(tmp_path / "two", "fx.txt")
+    train, x = _eval_conv_bn(True)
+    compile_tpu(train.train(), options={"dump_dir": str(tmp_path / "train")})(x).sum().backward()
+    assert "conv_bn" not in _dumped(tmp_path / "train", "fx.txt")  # batch statistics: not fused

@@ -75,13 +75,16 @@ ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyB
 
 // Convolution written straight into XLA's output buffer, which XLA filled with zeros (the zeros
 // operand aliases the result): oneDNN adds the convolution into it in place (ATen's
-// mkldnn::_convolution_pointwise_.binary, "add"), so no result is allocated and copied. 2d
-// float32 channels-last only; where that op is missing, the plain call and a copy.
-ffi::Error ConvolutionInto(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer zeros, ffi::Result<ffi::AnyBuffer> out,
-                           ffi::Span<const int64_t> stride, ffi::Span<const int64_t> padding,
-                           ffi::Span<const int64_t> dilation, int64_t groups) {
+// mkldnn::_convolution_pointwise_.binary, "add"), so no result is allocated and copied; with
+// `has_bias` it adds the bias and with `relu` applies ReLU as it writes (oneDNN post-ops).
+// 2d float32 channels-last only; where that op is missing, the plain call and a copy.
+ffi::Error ConvolutionInto(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::AnyBuffer zeros,
+                           ffi::Result<ffi::AnyBuffer> out, ffi::Span<const int64_t> stride,
+                           ffi::Span<const int64_t> padding, ffi::Span<const int64_t> dilation, int64_t groups,
+                           int64_t has_bias, int64_t relu) {
   if (x.element_type() != ffi::DataType::F32 || w.element_type() != ffi::DataType::F32 ||
-      out->element_type() != ffi::DataType::F32 || x.dimensions().size() != 4) {
+      bias.element_type() != ffi::DataType::F32 || out->element_type() != ffi::DataType::F32 ||
+      x.dimensions().size() != 4) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_convolution_into: 2d float32 only");
   }
   static const std::optional<c10::OperatorHandle> add_into =
@@ -92,14 +95,18 @@ ffi::Error ConvolutionInto(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer ze
     at::Tensor input = Wrap(x.untyped_data(), x.dimensions(), at::kFloat, true);
     at::Tensor weight = Wrap(w.untyped_data(), w.dimensions(), at::kFloat, true);
     at::Tensor result = Wrap(out->untyped_data(), out->dimensions(), at::kFloat, true);
+    std::optional<at::Tensor> b;
+    if (has_bias) b = Wrap(bias.untyped_data(), bias.dimensions(), at::kFloat, false);
     if (add_into) {
-      torch::jit::Stack stack{result, input, weight, c10::IValue(), Vec(padding), Vec(stride), Vec(dilation), groups,
-                              std::string("add"), c10::IValue(), c10::IValue(),
+      torch::jit::Stack stack{result, input, weight, b ? c10::IValue(*b) : c10::IValue(), Vec(padding), Vec(stride),
+                              Vec(dilation), groups, std::string("add"), c10::IValue(),
+                              relu ? c10::IValue(std::string("relu")) : c10::IValue(),
                               c10::List<std::optional<at::Scalar>>(), c10::IValue()};
       add_into->callBoxed(&stack);
     } else {
-      result.copy_(at::convolution(input, weight, std::nullopt, Vec(stride), Vec(padding), Vec(dilation), false,
+      result.copy_(at::convolution(input, weight, b, Vec(stride), Vec(padding), Vec(dilation), false,
                                    std::vector<int64_t>(stride.size(), 0), groups));
+      if (relu) result.relu_();
     }
   } catch (const std::exception& e) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_convolution_into: ") + e.what());
@@ -167,8 +174,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolutionInto, ConvolutionInto,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<ffi::Span<const int64_t>>("stride")
                                   .Attr<ffi::Span<const int64_t>>("padding")
                                   .Attr<ffi::Span<const int64_t>>("dilation")
-                                  .Attr<int64_t>("groups"));
+                                  .Attr<int64_t>("groups")
+                                  .Attr<int64_t>("has_bias")
+                                  .Attr<int64_t>("relu"));

@@ -113,21 +113,35 @@ def _register(path: Path) -> None:
                                 platform="cpu")
 
 
-def convolution(x, w, stride, padding, dilation, groups: int, out_shape, channels_last=False):
-    """torch.nn.functional.conv{1,2,3}d without bias (x, w: arrays of one dtype).
+def writes_into(x, w, channels_last: bool) -> bool:
+    """Whether `convolution` has oneDNN write into XLA's buffer (and can add a bias and ReLU)."""
+    import jax.numpy as jnp
+
+    return channels_last and x.ndim == 4 and x.dtype == jnp.float32 and w.dtype == jnp.float32
+
+
+def convolution(x, w, stride, padding, dilation, groups: int, out_shape, channels_last=False,
+                bias=None, relu=False):
+    """torch.nn.functional.conv{1,2,3}d (x, w: arrays of one dtype); `bias` and `relu` only
+    where `writes_into` (the caller adds them otherwise).
 
     With `channels_last` XLA hands the kernel every array channels-minor (NHWC in memory,
     still NCHW to the program) and keeps that layout around it where it can."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     result = jax.ShapeDtypeStruct(tuple(out_shape), x.dtype)
-    if channels_last and x.ndim == 4 and x.dtype == jnp.float32 and w.dtype == jnp.float32:
+    if writes_into(x, w, channels_last):
         # written into XLA's zero-filled buffer in place: no result to allocate and copy
         zeros = jnp.zeros(result.shape, result.dtype)
-        call = jax.ffi.ffi_call(INTO_TARGET, result, input_output_aliases={2: 0},
-                                **_layouts(True, [x, w, zeros], [out_shape]))
-        return call(x, w, zeros, **_attrs(stride, padding, dilation, groups))
+        b = bias if bias is not None else jnp.zeros((out_shape[1],), jnp.float32)
+        call = jax.ffi.ffi_call(INTO_TARGET, result, input_output_aliases={3: 0},
+                                input_layouts=[_cl(4), _cl(4), None, _cl(4)], output_layouts=_cl(4))
+        return call(x, w, b, zeros, has_bias=np.int64(bias is not None), relu=np.int64(relu),
+                    **_attrs(stride, padding, dilation, groups))
+    if bias is not None or relu:
+        raise ValueError("aten_cpu.convolution: bias and relu only where writes_into()")
     call = jax.ffi.ffi_call(TARGET, result, **_layouts(channels_last, [x, w], [out_shape]))
     return call(x, w, **_attrs(stride, padding, dilation, groups, channels_last))
 
@@ -146,16 +160,17 @@ def convolution_backward(grad, x, w, stride, padding, dilation, groups: int, mas
     return (gx if mask[0] else None), (gw if mask[1] else None)
 
 
+def _cl(ndim: int) -> tuple:
+    """The channels-last layout of an N, C, spatial... array, major-to-minor (ffi_call's order)."""
+    return (0, *range(2, ndim), 1)
+
+
 def _layouts(channels_last, args, result_shapes) -> dict:
-    """ffi_call's layouts (major-to-minor): N, spatial..., C for every operand and result."""
+    """ffi_call's layouts: channels-last for every operand and result, or none given."""
     if not channels_last:
         return {}
-
-    def order(ndim):
-        return (0, *range(2, ndim), 1)
-
-    outs = [order(len(s)) for s in result_shapes]
-    return dict(input_layouts=[order(a.ndim) for a in args], output_layouts=outs if len(outs) > 1 else outs[0])
+    outs = [_cl(len(s)) for s in result_shapes]
+    return dict(input_layouts=[_cl(a.ndim) for a in args], output_layouts=outs if len(outs) > 1 else outs[0])
 
 
 def _attrs(stride, padding, dilation, groups, channels_last=None) -> dict:

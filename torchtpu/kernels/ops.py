@@ -20,3 +20,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[
 def _(x, weight, eps):
     dtype = x.dtype if weight is None else weight.dtype
     return x.new_empty(x.shape, dtype=dtype), x.new_empty((*x.shape[:-1], 1))
+
+
+@torch.library.custom_op("torchtpu::conv_bn", mutates_args=())
+def conv_bn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, bn_weight: torch.Tensor | None,
+            bn_bias: torch.Tensor | None, mean: torch.Tensor, var: torch.Tensor, eps: float, stride: list[int],
+            padding: list[int], dilation: list[int], groups: int, relu: bool) -> torch.Tensor:
+    """An eval-mode BatchNorm (running statistics) of a convolution, then optionally ReLU."""
+    y = torch.ops.aten.convolution(x, w, b, stride, padding, dilation, False, [0] * len(stride), groups)
+    y = torch.nn.functional.batch_norm(y, mean, var, bn_weight, bn_bias, False, 0.0, eps)
+    return torch.relu(y) if relu else y
+
+
+@conv_bn.register_fake
+def _(x, w, b, bn_weight, bn_bias, mean, var, eps, stride, padding, dilation, groups, relu):
+    return torch.ops.aten.convolution(x, w, b, stride, padding, dilation, False, [0] * len(stride), groups)

@@ -8,6 +8,7 @@ import torch
 
 from torchtpu import counters
 from torchtpu.passes.bucketing import bucket_shapes
+from torchtpu.passes.conv_bn import fuse_conv_bn
 from torchtpu.passes.pallas_rewrites import fuse_rms_norm
 
 Pass = Callable[[torch.fx.GraphModule, object], torch.fx.GraphModule]
@@ -16,6 +17,7 @@ Pass = Callable[[torch.fx.GraphModule, object], torch.fx.GraphModule]
 # Bucketing runs last: its pad-safety analysis must see the final graph.
 PASSES: list[tuple[str, Pass]] = [
     ("pallas_rewrites", fuse_rms_norm),
+    ("conv_bn", fuse_conv_bn),
     ("bucketing", bucket_shapes),
 ]
 

@@ -179,6 +179,12 @@ NORMS = {aten.native_layer_norm.default, aten.native_group_norm.default,
          aten.native_batch_norm.default, aten._native_batch_norm_legit_no_training.default}
 
 
+def _is_conv_bn(target) -> bool:
+    """The fused `torchtpu::conv_bn` of passes/conv_bn.py: a convolution, then per-channel
+    affine and ReLU, which padded positions cannot disturb."""
+    return getattr(getattr(target, "_schema", None), "name", None) == "torchtpu::conv_bn"
+
+
 def _is_rms_norm(target) -> bool:
     """The fused `torchtpu::rms_norm` of passes/pallas_rewrites.py (normalises the last dim)."""
     return getattr(getattr(target, "_schema", None), "name", None) == "torchtpu::rms_norm"
@@ -321,6 +327,8 @@ class _Analyzer:
         t = node.target
         if _is_rms_norm(t):
             return self.norm(node)
+        if _is_conv_bn(t):
+            return self.convolution(node, transposed=False)
         if t in VIEWS:
             self.layouts[node] = self.view(node)
             return "harmless", "view keeps padded dims whole"
@@ -541,9 +549,10 @@ class _Analyzer:
         self.layouts[node] = self.inherit(node)
         return "harmless", "gather by non-negative position"
 
-    def convolution(self, node):
+    def convolution(self, node, transposed=None):
         x, w = self.layouts[node.args[0]], self.layouts[node.args[1]]
-        if self.padded(w) or (node.args[6] and self.padded(x[1:])):
+        transposed = node.args[6] if transposed is None else transposed
+        if self.padded(w) or (transposed and self.padded(x[1:])):
             raise Unsafe("convolution with a padded weight, or transposed over a padded dim")
         pre = tuple((0, d, x[d], ZERO) for d in range(1, len(x)) if self.padded_dim(x[d]))
         return self.masked(node, Mask(pre), "convolution window over a padded dim")

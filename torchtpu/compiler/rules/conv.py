@@ -15,8 +15,10 @@ import torch
 
 from torchtpu.compiler.registry import op
 from torchtpu.compiler.rules.linalg import precision
+from torchtpu.compiler.rules.nn import _batch_norm_eval
 from torchtpu.compiler.rules.reduction import accumulate_dtype
 from torchtpu.kernels import aten_cpu
+from torchtpu.kernels import ops as _fused_ops  # noqa: F401  (defines torch.ops.torchtpu.conv_bn)
 
 aten = torch.ops.aten
 
@@ -163,3 +165,25 @@ def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation
     if output_mask[2]:
         grad_bias = jnp.sum(grad.astype(acc), axis=(0,) + tuple(range(2, grad.ndim)))
     return grad_input, grad_weight, grad_bias
+
+
+@op(torch.ops.torchtpu.conv_bn.default)
+def _conv_bn(ctx, x, w, b, bn_weight, bn_bias, mean, var, eps, stride, padding, dilation, groups, relu):
+    """passes/conv_bn.py's fused node. On the CPU with ATen's kernels (float32 2d), the
+    normalisation is folded into the weights and bias, y = conv(x, w * s) + (b - mean) * s + beta
+    with s = gamma / sqrt(var + eps), and oneDNN adds the bias and applies ReLU as it writes the
+    result (docs/DECISIONS.md 44); elsewhere the three ops as their own rules lower them."""
+    nd = x.ndim - 2
+    stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
+    params = [p for p in (b, bn_weight, bn_bias, mean, var) if p is not None]
+    if (_use_aten(ctx) and aten_cpu.writes_into(x, w, _channels_last(nd))
+            and all(p.dtype == jnp.float32 for p in params)):
+        s = lax.rsqrt(var + eps) * (bn_weight if bn_weight is not None else 1.0)
+        folded_w = w * s.reshape((-1,) + (1,) * (w.ndim - 1))
+        folded_b = ((b if b is not None else 0.0) - mean) * s + (bn_bias if bn_bias is not None else 0.0)
+        out = _out_size(x.shape[2:], w.shape[2:], stride, padding, dilation)
+        return aten_cpu.convolution(x, folded_w, stride, padding, dilation, groups, [x.shape[0], w.shape[0], *out],
+                                    channels_last=True, bias=folded_b, relu=relu)
+    y = _add_bias(conv(x, w, stride, padding, dilation, False, None, groups, ctx.platform, _use_aten(ctx)), b)
+    y = _batch_norm_eval(y, bn_weight, bn_bias, mean, var, eps)
+    return jnp.maximum(y, jnp.zeros((), y.dtype)) if relu else y
