@@ -63,9 +63,9 @@ ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyB
     at::internal::lazy_init_num_threads();
     c10::InferenceMode guard;
     at::Tensor result = at::convolution(
-        Wrap(x.untyped_data(), x.dimensions(), type, channels_last), Wrap(w.untyped_data(), w.dimensions(), type, channels_last),
-        std::nullopt, Vec(stride), Vec(padding), Vec(dilation), /*transposed=*/false,
-        std::vector<int64_t>(stride.size(), 0), groups);
+        Wrap(x.untyped_data(), x.dimensions(), type, channels_last),
+        Wrap(w.untyped_data(), w.dimensions(), type, channels_last), std::nullopt, Vec(stride), Vec(padding),
+        Vec(dilation), /*transposed=*/false, std::vector<int64_t>(stride.size(), 0), groups);
     Wrap(out->untyped_data(), out->dimensions(), type, channels_last).copy_(result);
   } catch (const std::exception& e) {
     return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_convolution: ") + e.what());
@@ -130,8 +130,10 @@ ffi::Error ConvolutionBackward(ffi::AnyBuffer grad, ffi::AnyBuffer x, ffi::AnyBu
     at::internal::lazy_init_num_threads();
     c10::InferenceMode guard;
     auto [gx, gw, gb] = at::convolution_backward(
-        Wrap(grad.untyped_data(), grad.dimensions(), type, channels_last), Wrap(x.untyped_data(), x.dimensions(), type, channels_last),
-        Wrap(w.untyped_data(), w.dimensions(), type, channels_last), std::nullopt, Vec(stride), Vec(padding), Vec(dilation),
+        Wrap(grad.untyped_data(), grad.dimensions(), type, channels_last),
+        Wrap(x.untyped_data(), x.dimensions(), type, channels_last),
+        Wrap(w.untyped_data(), w.dimensions(), type, channels_last), std::nullopt, Vec(stride), Vec(padding),
+        Vec(dilation),
         /*transposed=*/false, std::vector<int64_t>(stride.size(), 0), groups, {mask_x != 0, mask_w != 0, false});
     if (mask_x) Wrap(grad_x->untyped_data(), grad_x->dimensions(), type, channels_last).copy_(gx);
     if (mask_w) Wrap(grad_w->untyped_data(), grad_w->dimensions(), type, channels_last).copy_(gw);

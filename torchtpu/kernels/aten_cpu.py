@@ -1,8 +1,9 @@
 """ATen's CPU convolution as an XLA custom call: oneDNN's kernels inside an XLA:CPU program.
 
 XLA's CPU convolutions are slow next to oneDNN's (docs/DECISIONS.md 38), and Inductor calls
-oneDNN for its convolutions too. 2d/3d calls ask XLA for channels-last buffers (decision 40). `aten_cpu.cc` is compiled once per source, torch and jaxlib
-version into TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`) with `$CXX`
+oneDNN for its convolutions too; 2d/3d calls ask XLA for channels-last buffers (decision 40).
+`aten_cpu.cc` is compiled once per source, torch and jaxlib version into
+TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`) with `$CXX`
 (default g++), then registered with XLA as the CPU FFI targets `torchtpu_aten_convolution`,
 `..._into` (float32 2d, written into XLA's buffer: decision 43) and `..._backward`.
 Where it cannot be built, convolutions stay XLA's and one warning says why.
