@@ -42,7 +42,8 @@ def fuse_conv_bn(gm: torch.fx.GraphModule, options) -> torch.fx.GraphModule:
 
 def _match(bn):
     """(bn, conv, final node, relu?) for a fusable chain ending at this BatchNorm, else None."""
-    if not (bn.op == "call_function" and bn.target is aten._native_batch_norm_legit_no_training.default):
+    if not (bn.op == "call_function" and bn.target is aten._native_batch_norm_legit_no_training.default
+            and len(bn.args) == 7 and not bn.kwargs):
         return None
     conv = bn.args[0]
     if not (isinstance(conv, torch.fx.Node) and conv.target is aten.convolution.default
