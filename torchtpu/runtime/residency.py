@@ -7,8 +7,9 @@ those seen when the copy was made. Anything else is a miss and a fresh `put`.
 
 Mutations through `.data` (`p.data.copy_(...)`) do not bump the parameter's version counter;
 PyTorch's autograd does not see them either. On the CPU that does not matter (the device copy
-is a zero-copy view of the tensor's memory); on an accelerator use `with torch.no_grad():
-p.copy_(...)`, which every optimizer and `load_state_dict` already do.
+is a zero-copy view of the tensor's memory, unless its strides needed a dense copy first); on
+an accelerator use `with torch.no_grad(): p.copy_(...)`, which every optimizer and
+`load_state_dict` already do.
 """
 from __future__ import annotations
 
