@@ -49,9 +49,10 @@ def _match(bn):
     if not (isinstance(conv, torch.fx.Node) and conv.target is aten.convolution.default
             and not conv.args[6] and len(conv.users) == 1 and len(conv.args) == 9):
         return None
-    readers = [u for u in bn.users if u.target is operator.getitem and u.users]
-    if len(readers) != 1 or readers[0].args[1] != 0 or len(bn.users) != sum(
-            u.target is operator.getitem for u in bn.users):
+    if any(u.target is not operator.getitem for u in bn.users):
+        return None
+    readers = [u for u in bn.users if u.users]
+    if len(readers) != 1 or readers[0].args[1] != 0:
         return None
     out = readers[0]
     relu = next(iter(out.users)) if len(out.users) == 1 else None

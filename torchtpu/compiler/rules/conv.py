@@ -49,9 +49,7 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     output_padding = _expand(output_padding or 0, nd)
     if aten and not transposed and (groups == 1 or _channels_last(nd)) and _aten_dtypes(x, w):
-        out = _out_size(x.shape[2:], w.shape[2:], stride, padding, dilation)
-        return aten_cpu.convolution(x, w, stride, padding, dilation, groups, [x.shape[0], w.shape[0], *out],
-                                    channels_last=_channels_last(nd))
+        return _aten_convolution(x, w, stride, padding, dilation, groups)
     acc = accumulate_dtype(x.dtype)
     integer = not jnp.issubdtype(x.dtype, jnp.inexact)
     kw = {} if integer else dict(precision=precision(), preferred_element_type=acc)
@@ -84,6 +82,14 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
 _ATEN_DTYPES = (jnp.float32, jnp.float64, jnp.bfloat16)
 _MAX_SHIFTED_TAPS = 64  # kernel elements: one multiply-add each, fused by XLA into one loop
 _MAX_SPLIT_GROUPS = 16
+
+
+def _aten_convolution(x, w, stride, padding, dilation, groups, **epilogue):
+    """ATen's kernel (kernels/aten_cpu.py) for expanded arguments; `epilogue` is bias/relu."""
+    nd = x.ndim - 2
+    out = _out_size(x.shape[2:], w.shape[2:], stride, padding, dilation)
+    return aten_cpu.convolution(x, w, stride, padding, dilation, groups, [x.shape[0], w.shape[0], *out],
+                                channels_last=_channels_last(nd), **epilogue)
 
 
 def _channels_last(nd: int) -> bool:
@@ -181,9 +187,7 @@ def _conv_bn(ctx, x, w, b, bn_weight, bn_bias, mean, var, eps, stride, padding, 
         s = lax.rsqrt(var + eps) * (bn_weight if bn_weight is not None else 1.0)
         folded_w = w * s.reshape((-1,) + (1,) * (w.ndim - 1))
         folded_b = ((b if b is not None else 0.0) - mean) * s + (bn_bias if bn_bias is not None else 0.0)
-        out = _out_size(x.shape[2:], w.shape[2:], stride, padding, dilation)
-        return aten_cpu.convolution(x, folded_w, stride, padding, dilation, groups, [x.shape[0], w.shape[0], *out],
-                                    channels_last=True, bias=folded_b, relu=relu)
+        return _aten_convolution(x, folded_w, stride, padding, dilation, groups, bias=folded_b, relu=relu)
     y = _add_bias(conv(x, w, stride, padding, dilation, False, None, groups, ctx.platform, _use_aten(ctx)), b)
     y = _batch_norm_eval(y, bn_weight, bn_bias, mean, var, eps)
     return jnp.maximum(y, jnp.zeros((), y.dtype)) if relu else y

@@ -114,11 +114,14 @@ def _max_with_indices(x, valid, flat):
     return m, idx
 
 
-def _regular_tables(x, nd, out, kernel, stride, padding, dilation):
+def _window(nd, kernel, stride, padding, dilation):
+    """torch's pool arguments as per-axis lists (an empty stride means the kernel's)."""
     kernel = _expand(kernel, nd)
-    stride = _expand(stride, nd) or kernel
-    padding = _expand(padding, nd)
-    dilation = _expand(dilation, nd)
+    return kernel, _expand(stride, nd) or kernel, _expand(padding, nd), _expand(dilation, nd)
+
+
+def _regular_tables(x, nd, out, kernel, stride, padding, dilation):
+    kernel, stride, padding, dilation = _window(nd, kernel, stride, padding, dilation)
     sizes = x.shape[-nd:]
     return [_regular_axis(sizes[i], out[i], kernel[i], stride[i], padding[i], dilation[i]) for i in range(nd)]
 
@@ -144,9 +147,7 @@ def _max_values(x, nd, out, kernel, stride, padding, dilation):
     """The values alone, as one reduce_window: XLA's max propagates NaN as torch's does, and
     padding (-inf) never wins a window that holds an input element. The gather form above
     costs twice as much on the CPU (docs/DECISIONS.md 41)."""
-    kernel = _expand(kernel, nd)
-    stride = _expand(stride, nd) or kernel
-    padding, dilation = _expand(padding, nd), _expand(dilation, nd)
+    kernel, stride, padding, dilation = _window(nd, kernel, stride, padding, dilation)
     # the high side pads up to the last window torch computes (ceil_mode may need more)
     high = [(o - 1) * s + d * (k - 1) + 1 - n - p
             for o, s, d, k, n, p in zip(out, stride, dilation, kernel, x.shape[-nd:], padding)]
