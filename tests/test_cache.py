@@ -140,6 +140,18 @@ def test_key_includes_constant_contents():
     assert canonical_graph(graph(1.0)) == canonical_graph(graph(1.0))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.bool,
+                                   torch.complex64, torch.uint16, torch.int64, torch.float32])
+@pytest.mark.parametrize("shape", [(0,), (3,), (), (2, 0)])
+def test_constant_digest_of_every_dtype(dtype, shape):
+    from torchtpu.cache.canonical import constant_digest
+
+    zeros, ones = torch.zeros(shape, dtype=dtype), torch.ones(shape, dtype=dtype)
+    assert constant_digest(zeros) == constant_digest(zeros.clone())
+    assert (constant_digest(zeros) != constant_digest(ones)) == (zeros.numel() > 0)
+    assert constant_digest(zeros) != constant_digest(torch.zeros(shape, dtype=torch.uint8 if dtype != torch.uint8 else torch.int8))
+
+
 def test_unkeyable_graph_bypasses_the_cache(cache_dir):
     from torchtpu.cache.canonical import Unkeyable, callable_name
 

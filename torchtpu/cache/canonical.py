@@ -64,8 +64,7 @@ def constant_digest(value) -> str:
         if value.is_sparse or value.is_quantized or value.device.type == "meta" or \
                 isinstance(value, torch._subclasses.FakeTensor):
             raise Unkeyable(f"constant tensor without readable contents ({value.dtype}, {value.layout})")
-        t = value.detach().cpu().contiguous().reshape(-1)
-        raw = t.view(torch.uint8) if t.numel() else t
+        raw = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # any dtype, empty too
         digest = hashlib.sha256(raw.numpy().tobytes()).hexdigest()
         return f"tensor:{value.dtype}{list(value.shape)}{list(value.stride())}:{digest}"
     return "value:" + _fmt(value, {})
