@@ -176,3 +176,40 @@ def test_norm_kernels_custom_vjp_interpret():
         want = jax.grad(loss(ref), range(len(args)))(*args)
         for g, r in zip(got, want):
             assert float(jnp.max(jnp.abs(g - r))) <= 1e-4 + 1e-4 * float(jnp.max(jnp.abs(r)))
+
+
+class _LateWeightRMSNorm(torch.nn.Module):
+    """Gemma's form: the weight (`1 + w`) is computed after rsqrt, so the fused node lands after
+    the chain's own `x * rsqrt`."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(dim) * 0.1)
+
+    def forward(self, x):
+        h = x.float()
+        norm = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (norm * (1.0 + self.weight.float())).type_as(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_with_late_weight_keeps_graph_order(dtype):
+    norm = _LateWeightRMSNorm(16).to(dtype)
+    x = torch.randn(4, 16, dtype=dtype)
+    events.clear()
+    with torch.no_grad():
+        assert_close_tree(compile_tpu(norm)(x), norm(x), rtol=1e-2 if dtype == torch.bfloat16 else 1e-4)
+    assert _kernel_choices("rms_norm") == ["xla"]
+
+
+def test_pass_that_breaks_graph_order_is_named():
+    from torchtpu.passes.manager import PassInvariantError, run_passes
+
+    def misorder(gm, options):  # moves the first op after its reader
+        first = next(n for n in gm.graph.nodes if n.op == "call_function")
+        next(iter(first.users)).append(first)
+        return gm
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.neg(torch.relu(x)))
+    with pytest.raises(PassInvariantError, match="graph pass 'misorder' left an invalid graph"):
+        run_passes(gm, None, passes=[("misorder", misorder)])

@@ -1,4 +1,4 @@
-"""The pass manager: every pass is named, timed, and can dump the graph it leaves."""
+"""The pass manager: every pass is named, timed, checked, and can dump the graph it leaves."""
 from __future__ import annotations
 
 import time
@@ -22,10 +22,23 @@ PASSES: list[tuple[str, Pass]] = [
 ]
 
 
-def run_passes(gm: torch.fx.GraphModule, options) -> torch.fx.GraphModule:
-    for name, fn in PASSES:
+class PassInvariantError(RuntimeError):
+    """A graph pass left (or met) an invalid graph: the message names the pass."""
+
+
+def run_passes(gm: torch.fx.GraphModule, options, passes=None) -> torch.fx.GraphModule:
+    """Runs `passes` (default PASSES) in order; after each, the graph must lint: topological
+    order, every argument defined before use, one output. A violation names the pass."""
+    for name, fn in PASSES if passes is None else passes:
         t0 = time.perf_counter()
-        gm = fn(gm, options)
-        gm.graph.lint()
+        try:
+            gm = fn(gm, options)
+        except Exception as e:
+            e.add_note(f"(raised in torchtpu graph pass {name!r})")
+            raise
+        try:
+            gm.graph.lint()
+        except RuntimeError as e:
+            raise PassInvariantError(f"torchtpu: graph pass {name!r} left an invalid graph: {e}") from e
         counters.add_seconds(f"pass.{name}", time.perf_counter() - t0)
     return gm

@@ -98,7 +98,7 @@ def _match(rsqrt, order):
     others = [u for u in rsqrt.users if u is not norm]
     if any(order[u] <= order[anchor] for u in others):
         return None  # the fused node could not precede every other reader of rsqrt
-    return dict(x=x, weight=weight, eps=add.args[1], rsqrt=rsqrt, final=final, anchor=anchor)
+    return dict(x=x, weight=weight, eps=add.args[1], rsqrt=rsqrt, norm=norm, final=final, anchor=anchor)
 
 
 def _rewrite(graph, m):
@@ -113,4 +113,6 @@ def _rewrite(graph, m):
     fused.meta["val"] = (final.meta["val"], rsqrt.meta["val"])
     y.meta["val"], rstd.meta["val"] = final.meta["val"], rsqrt.meta["val"]
     final.replace_all_uses_with(y)
-    rsqrt.replace_all_uses_with(rstd)  # the chain's own readers of rsqrt are dead now
+    # The chain's own reader of rsqrt may precede the fused node (a weight computed late, as
+    # Gemma's `1 + w`): it is dead now, so it keeps rsqrt and goes with the dead chain.
+    rsqrt.replace_all_uses_with(rstd, delete_user_cb=lambda user: user is not m["norm"])
