@@ -18,6 +18,8 @@ import time
 import warnings
 from pathlib import Path
 
+from torchtpu import paths
+
 _lock = threading.Lock()
 _events: list[dict] = []
 _seen_metrics: set = set()
@@ -52,9 +54,7 @@ def log_path() -> Path | None:
         return None
     if asked:
         return Path(asked).expanduser()
-    from torchtpu.cache.store import default_root  # lazy: the cache package imports the compiler
-
-    root = default_root()
+    root = paths.default_root()
     return None if root is None else root / "events.jsonl"
 
 

@@ -7,7 +7,8 @@ import time
 from torchtpu.cache import entry as entries
 from torchtpu.cache import program as programs
 from torchtpu.cache.entry import CorruptEntry
-from torchtpu.cache.store import DiskStore, default_root
+from torchtpu.cache.store import DiskStore
+from torchtpu.paths import default_root
 
 
 def open_store() -> DiskStore:

@@ -24,17 +24,6 @@ from torchtpu.cache.fsutil import atomic_write, locked, tree_bytes
 DEFAULT_MAX_BYTES = 10 * 2**30
 
 
-def default_root() -> Path | None:
-    """TORCHTPU_CACHE_DIR, else $XDG_CACHE_HOME/torchtpu (~/.cache/torchtpu); None when "off"."""
-    asked = os.environ.get("TORCHTPU_CACHE_DIR", "").strip()
-    if asked.lower() in ("off", "0", "none", "false"):
-        return None
-    if asked:
-        return Path(asked).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "torchtpu"
-
-
 def default_max_bytes() -> int:
     try:
         return int(os.environ.get("TORCHTPU_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES))

@@ -17,8 +17,9 @@ from torchtpu.cache import program as programs
 from torchtpu.cache.canonical import Unkeyable
 from torchtpu.cache.entry import CorruptEntry
 from torchtpu.cache.memory import MemoryTier
-from torchtpu.cache.store import DiskStore, default_root
+from torchtpu.cache.store import DiskStore
 from torchtpu.cache.warn import log, warn_once
+from torchtpu.paths import default_root
 from torchtpu.runtime.executable import Executable, ProgramLayout
 from torchtpu.runtime.target import Target
 

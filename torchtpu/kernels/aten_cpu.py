@@ -23,6 +23,8 @@ import sys
 import threading
 from pathlib import Path
 
+from torchtpu.paths import user_cache_dir
+
 TARGET = "torchtpu_aten_convolution"
 BACKWARD_TARGET = "torchtpu_aten_convolution_backward"
 INTO_TARGET = "torchtpu_aten_convolution_into"
@@ -42,8 +44,7 @@ def library_path() -> Path:
     import torch
 
     asked = os.environ.get("TORCHTPU_EXTENSION_DIR", "").strip()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    root = Path(asked) if asked else (Path(xdg) if xdg else Path.home() / ".cache") / "torchtpu" / "extensions"
+    root = Path(asked) if asked else user_cache_dir() / "extensions"
     h = hashlib.sha256(SOURCE.read_bytes())
     for part in (torch.__version__, importlib.metadata.version("jaxlib"), str(torch._C._GLIBCXX_USE_CXX11_ABI)):
         h.update(b"\0" + part.encode())
