@@ -82,6 +82,33 @@ def test_report_from_a_recorded_log(log, capsys):
     assert out == text
 
 
+def test_the_log_has_each_recompile_as_it_ends(log, capsys):
+    """Dynamo records a frame after its backend returns; `torchtpu inspect` reading the log of a
+    live process must not wait for its next compile (or its exit) to see the last one."""
+    def f(x, n):
+        return (x * n).sum(-1) + 0.25
+
+    c = compile_tpu(f, fullgraph=False, options={"bucketing": "off"})
+    x = torch.randn(2, 8)
+    with torch._dynamo.config.patch(recompile_limit=3):
+        c(x, 3)
+        c(x, 4)
+        c(x.to(torch.bfloat16), 4)
+        c(x.to(torch.float16), 4)  # over the limit: Dynamo runs it eagerly, no backend call follows
+
+    parser = argparse.ArgumentParser()
+    add_inspect_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["inspect", str(log), "--json"])
+    assert args.func(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    recompiles = summary["recompiles"]
+    assert [r["category"] for r in recompiles] == ["Python int changed", "dtype changed", "recompile limit reached"]
+    assert recompiles[0]["reason"].startswith("0/0: n == 3")
+    assert recompiles[1]["reason"] == "0/1: tensor 'x' dtype mismatch. expected Float, actual BFloat16"
+    assert recompiles[2]["reason"] == "0/2: tensor 'x' dtype mismatch. expected BFloat16, actual Half"
+    assert summary["totals"]["recompiles"] == 3
+
+
 def test_html_report_is_well_formed_with_an_svg_timeline(log, tmp_path):
     _record_session()
     page = tmp_path / "report.html"

@@ -31,7 +31,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
         raise ValueError(f"torchtpu: mode={kwargs['mode']!r} is not supported; pass options={{...}} instead")
     opts = Options.parse(options)
     counters.bump("dynamo_graphs")
-    events.sync_dynamo()  # Dynamo records a frame's metrics after its backend returns
+    events.follow_dynamo()  # from now on, each frame's Dynamo record is logged as its compile ends
     events.record("graph", compile_id=_compile_id(), source=_source(gm), inputs=_describe(example_inputs),
                   ops=sum(n.op == "call_function" for n in gm.graph.nodes), options=opts.key_items())
     # with a mesh, parameters are sharded by name: find which graph inputs they are

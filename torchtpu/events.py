@@ -4,12 +4,14 @@ Every event is kept in process (`events()`) and appended as one JSON line to the
 `TORCHTPU_EVENT_LOG` (a path, or "off"), else `events.jsonl` in the cache directory
 (`TORCHTPU_CACHE_DIR`, else ~/.cache/torchtpu). Dynamo's own per-frame records (recompile
 reason, guard failures, the recompile limit) are drained from
-`torch._dynamo.utils.get_compilation_metrics()` into "dynamo" events by `sync_dynamo()`.
+`torch._dynamo.utils.get_compilation_metrics()` into "dynamo" events by `sync_dynamo()`, which
+runs as each frame's record is made once the backend has been used (`follow_dynamo()`).
 A write error becomes one warning; the in-process record is kept regardless.
 """
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import os
 import sys
@@ -106,6 +108,34 @@ def sync_dynamo() -> None:
                start=(m.start_time_us or 0) / 1e6,
                cache_size=m.cache_size)
         _maybe_warn(m.co_name, m.co_filename, m.co_firstlineno)
+
+
+class _NotifyingDeque(collections.deque):
+    """Dynamo's deque of CompilationMetrics that calls `on_append` after each record is added."""
+
+    def __init__(self, items: collections.deque, on_append):
+        super().__init__(items, items.maxlen)
+        self.on_append = on_append
+
+    def append(self, item) -> None:
+        super().append(item)
+        self.on_append()
+
+
+def follow_dynamo() -> None:
+    """Records Dynamo's metrics seen so far, and from now on each frame's as its compile ends.
+
+    Dynamo's end-of-compile callbacks (torch._dynamo.callback_handler) run before the frame's
+    CompilationMetrics exist, and a frame that hits the recompile limit fires none; every record
+    is appended to the deque behind get_compilation_metrics(), so that append is where we listen.
+    Idempotent; called on every backend call because set_compilation_metrics_limit() replaces
+    the deque.
+    """
+    utils = sys.modules.get("torch._dynamo.utils")
+    metrics = getattr(utils, "_compilation_metrics", None)
+    if isinstance(metrics, collections.deque) and not isinstance(metrics, _NotifyingDeque):
+        utils._compilation_metrics = _NotifyingDeque(metrics, sync_dynamo)
+    sync_dynamo()
 
 
 def recompile_warn_threshold() -> int:
