@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.parametrizations import weight_norm
 
 import torchtpu
 from helpers import assert_close_tree, assert_matches_eager, compile_tpu
@@ -68,6 +69,36 @@ def test_forward_and_grads(name):
     torch.manual_seed(0)
     make, shape = CASES[name]
     _check_module(make(), torch.randn(shape))
+
+
+@pytest.mark.parametrize("dim", [0, 2])  # 2, the last: wav2vec2's positional convolution
+def test_weight_norm_forward_and_grads_on_device(dim):
+    """_weight_norm_interface's backward has a rule: no op of the training graphs runs on the host."""
+    torch.manual_seed(0)
+    torchtpu.reset_stats()
+    _check_module(weight_norm(torch.nn.Conv1d(4, 6, kernel_size=5, padding=2, groups=2), dim=dim), torch.randn(2, 4, 9))
+    assert torchtpu.stats()["fallback_ops"] == 0
+
+
+def test_wav2vec2_training_runs_on_device():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+        mask_time_prob=0.0)
+    model = transformers.Wav2Vec2Model(config).eval()  # eval: no dropout, no feature-encoder requires_grad flip
+    wave = torch.randn(2, 400)
+    hidden = lambda w: model(w).last_hidden_state  # noqa: E731
+    expected = _forward_and_grads(model, wave, hidden)
+    torchtpu.reset_stats()
+    actual = _forward_and_grads(model, wave, compile_tpu(hidden))
+    assert torchtpu.stats()["fallback_ops"] == 0
+    # the key projections' bias grads are 0 in exact arithmetic (softmax ignores a per-row shift): ~1e-9 either way
+    for grads in (expected[2], actual[2]):
+        for name in [n for n in grads if n.endswith("k_proj.bias")]:
+            assert grads.pop(name).abs().max() < 1e-6
+    assert_close_tree(actual, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_max_pool_indices_and_ties():

@@ -8,6 +8,9 @@ tuple of them for multi-output ops).
 Lookup order is fixed: the exact overload, then nothing — an op the registry does not
 know is decomposed before lowering (see decompositions.py) or fails with a precise
 error naming the overload, the node and the user's source line.
+
+An op of another library that may not be loaded (transformers' custom ops) is registered by
+its name as torch prints it, "namespace.op.overload".
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import torch
 
 Rule = Callable[..., object]
 _RULES: dict[torch._ops.OpOverload, Rule] = {}
+_NAMED: dict[str, Rule] = {}  # other libraries' overloads, by str(overload)
 _RANDOM: set[torch._ops.OpOverload] = set()
 
 
@@ -33,7 +37,9 @@ def _overloads(target) -> list[torch._ops.OpOverload]:
 
 
 def op(*targets, random: bool = False) -> Callable[[Rule], Rule]:
-    """Registers the decorated rule for every overload named (a packet means all of its overloads).
+    """Registers the decorated rule for every overload named (a packet means all of its overloads;
+    a string names one overload of a library that may not be loaded, e.g.
+    "transformers.grouped_mm_fallback.default").
 
     Registering one overload twice raises DuplicateRuleError. `random=True` marks ops that
     draw random numbers: their programs take a PRNG key as an extra input.
@@ -41,6 +47,11 @@ def op(*targets, random: bool = False) -> Callable[[Rule], Rule]:
 
     def register(rule: Rule) -> Rule:
         for target in targets:
+            if isinstance(target, str):
+                if target in _NAMED:
+                    raise DuplicateRuleError(f"{target} already has a rule ({_NAMED[target].__qualname__})")
+                _NAMED[target] = rule
+                continue
             for overload in _overloads(target):
                 if overload in _RULES:
                     previous = _RULES[overload]
@@ -57,7 +68,10 @@ def op(*targets, random: bool = False) -> Callable[[Rule], Rule]:
 
 
 def lookup(target) -> Rule | None:
-    return _RULES.get(target)
+    rule = _RULES.get(target)
+    if rule is None and isinstance(target, torch._ops.OpOverload):
+        rule = _NAMED.get(str(target))
+    return rule
 
 
 def is_random(target) -> bool:

@@ -6,6 +6,7 @@ from torchtpu.compiler.rules import (  # noqa: F401
     creation,
     elementwise,
     fft,
+    grouped_mm,
     host,
     index,
     linalg,

@@ -237,6 +237,16 @@ def _native_group_norm_backward(ctx, grad, x, mean, rstd, weight, n, c, hw, grou
             (db if output_mask[2] else None))
 
 
+@op(aten._weight_norm_interface_backward.default)
+def _weight_norm_interface_backward(ctx, grad_w, v, g, norms, dim):
+    """(dv, dg) of w = v * g / ||v||, the norm over every dim but `dim` (the forward decomposes)."""
+    acc = accumulate_dtype(v.dtype)
+    grad_w, v, g, norms = (x.astype(acc) for x in (grad_w, v, g, norms))
+    axes = tuple(i for i in range(v.ndim) if i != dim)
+    grad_g = jnp.sum(grad_w * v, axis=axes, keepdims=True) / norms
+    return g / norms * (grad_w - v * (grad_g / norms)), grad_g
+
+
 # --- embedding -------------------------------------------------------------------------------
 
 
