@@ -130,3 +130,26 @@ def test_new_prompt_lengths_compile_per_bucket_not_per_length():
     assert counts == [(2, 2), (2, 2), (0, 0)]
     statuses = [e["status"] for e in events.events()[since:] if e["kind"] == "bucketing"]
     assert statuses == ["static", "static", "bucketed", "bucketed"], statuses
+
+
+def test_bfloat16_generate_matches_eager_and_buckets():
+    """The dtype TPU users run: a bf16 model generates eager-bf16's tokens, and a second prompt
+    length reuses bucketed programs (bf16 prefill and decode graphs bucket like f32 ones)."""
+    model = _llama().to(torch.bfloat16)
+    eager_forward = model.forward
+    compiled = compile_tpu(eager_forward)
+    since, outputs = len(events.events()), []
+    for length, seed in ((8, 7), (12, 8), (5, 9)):
+        ids = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(seed))
+        expected = _generate(model, ids)
+        model.forward = compiled
+        try:
+            before = torchtpu.stats()
+            outputs.append((_generate(model, ids), expected, torchtpu.stats()["xla_compiles"] - before["xla_compiles"]))
+        finally:
+            model.forward = eager_forward
+    for out, expected, _ in outputs:
+        assert torch.equal(out, expected), f"bf16 tokens differ from eager:\n{out}\n{expected}"
+    assert outputs[2][2] == 0, "the third prompt length compiled again: its graphs did not bucket"
+    statuses = [e["status"] for e in events.events()[since:] if e["kind"] == "bucketing"]
+    assert statuses.count("bucketed") == 2, statuses
