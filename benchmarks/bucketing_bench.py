@@ -1,7 +1,9 @@
 """Compiles with and without shape bucketing, side by side: a 2-layer HF decoder called with a
 random batch in [1, 8] and sequence length in [1, 512], nothing marked dynamic.
 
-    python -m benchmarks.bucketing_bench [--calls 200] [--seed 0]
+    python -m benchmarks.bucketing_bench [--calls 200] [--seed 0] [--model llama|mistral] [--policy pow2 ...]
+
+`--model mistral` is a sliding-window decoder called with its KV cache on (as by default).
 
 Each policy runs in a fresh process with an empty compile cache; prints XLA compiles in a first
 and a second pass (new random shapes), seconds, and the worst relative error against eager.
@@ -19,37 +21,48 @@ import time
 POLICIES = {"pow2": "pow2", "multiple128": {"multiple": 128}, "off": "off"}
 
 
-def random_decoder_calls(model, compiled, rng, calls: int) -> float:
-    """`calls` calls with batch in [1, 8] and sequence length in [1, 512]; the worst relative
-    error of the compiled logits against eager."""
+MODELS = {"llama": ("hf_llama", False), "mistral": ("hf_mistral", True)}  # name -> (builder, use_cache)
+
+
+def random_decoder_calls(model, compiled, rng, calls: int, use_cache=False, batch=8, seq=512) -> float:
+    """`calls` calls with batch in [1, `batch`] and sequence length in [1, `seq`]; the worst
+    relative error of the compiled logits (and KV cache, with `use_cache`) against eager."""
     import torch
 
     worst = 0.0
     for _ in range(calls):
-        ids = torch.randint(0, 256, (rng.randint(1, 8), rng.randint(1, 512)))
+        ids = torch.randint(0, model.config.vocab_size, (rng.randint(1, batch), rng.randint(1, seq)))
         with torch.no_grad():
-            out = compiled(input_ids=ids, use_cache=False).logits
-            ref = model(input_ids=ids, use_cache=False).logits
-        worst = max(worst, ((out - ref).abs().max() / ref.abs().max()).item())
+            out = compiled(input_ids=ids, use_cache=use_cache)
+            ref = model(input_ids=ids, use_cache=use_cache)
+        pairs = [(out.logits, ref.logits)]
+        if use_cache:  # the cache is an output too: a sliding window's keeps only its last positions
+            for a, b in zip(out.cache.layers, ref.cache.layers, strict=True):
+                pairs += [(a.keys, b.keys), (a.values, b.values)]
+        for a, b in pairs:
+            if a.shape != b.shape:
+                raise AssertionError(f"compiled shape {tuple(a.shape)}, eager {tuple(b.shape)}")
+            worst = max(worst, ((a - b).abs().max() / b.abs().max()).item())
     return worst
 
 
-def worker(policy, calls: int, seed: int) -> dict:
+def worker(policy, calls: int, seed: int, model_name: str = "llama") -> dict:
     import random
 
     import torch
 
     import torchtpu
-    from benchmarks.models import hf_llama
+    from benchmarks import models
 
+    builder, use_cache = MODELS[model_name]
     torch.manual_seed(0)
-    model = hf_llama()
+    model = getattr(models, builder)()
     compiled = torch.compile(model, backend="tpu", options={"bucketing": policy})
     rng = random.Random(seed)
     result, worst = {}, 0.0
     for name in ("first", "second"):
         t0 = time.perf_counter()
-        worst = max(worst, random_decoder_calls(model, compiled, rng, calls))
+        worst = max(worst, random_decoder_calls(model, compiled, rng, calls, use_cache))
         result[f"{name}_compiles"] = torchtpu.stats()["xla_compiles"] - sum(
             v for k, v in result.items() if k.endswith("_compiles"))
         result[f"{name}_s"] = round(time.perf_counter() - t0, 1)
@@ -61,17 +74,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="calls per pass (default 200)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", choices=sorted(MODELS), default="llama")
+    parser.add_argument("--policy", action="append", choices=sorted(POLICIES),
+                        help="run only these policies (repeatable; default all)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker), args.calls, args.seed)))
+        print(json.dumps(worker(json.loads(args.worker), args.calls, args.seed, args.model)))
         return
     rows = {}
-    for name, policy in POLICIES.items():
+    for name in args.policy or POLICIES:
+        policy = POLICIES[name]
         env = {**os.environ, "TORCHTPU_CACHE_DIR": tempfile.mkdtemp(prefix="tt-bucket-bench-"),
                "TORCHTPU_EVENT_LOG": "off"}
         cmd = [sys.executable, "-m", "benchmarks.bucketing_bench", "--calls", str(args.calls),
-               "--seed", str(args.seed), "--worker", json.dumps(policy)]
+               "--seed", str(args.seed), "--model", args.model, "--worker", json.dumps(policy)]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
         rows[name] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"{'bucketing':<12} {'compiles pass 1':>15} {'pass 2':>7} {'total':>6} {'pass 1 s':>9} "

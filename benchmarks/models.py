@@ -91,6 +91,18 @@ def hf_llama(layers=2, vocab=256, hidden=64, heads=4, kv_heads=2):
     return LlamaForCausalLM(config).eval()
 
 
+def hf_mistral(layers=2, vocab=128, hidden=32, heads=4, kv_heads=2, sliding_window=4096):
+    """Mistral's sliding-window decoder, with its KV cache on: the cache keeps the last
+    sliding_window - 1 positions (a slice counted from the end of the sequence)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                           num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                           sliding_window=sliding_window, max_position_embeddings=4096,
+                           attn_implementation="sdpa", use_cache=True)
+    return MistralForCausalLM(config).eval()
+
+
 def hf_bert(layers=2, vocab=256, hidden=64, heads=4):
     from transformers import BertConfig, BertModel
 

@@ -111,6 +111,10 @@ MASKED = {
     "cumsum": lambda x: torch.cumsum(x, 1),
     "cat_static_first": lambda x: torch.cat([x[:, :1], x], 1).sum(1),
     "last_positions_slice": lambda x: x[:, -1:] * 2,  # a slice from the true end
+    "slice_from_the_end": lambda x: x[:, -7:] * 2,  # the last 7 true positions, or all when shorter
+    "strided_slice_between_ends": lambda x: x[:, -9:-1:3].sum(1),  # both ends from the true end
+    "last_position": lambda x: x[:, -1] * 2,  # a select at the true end
+    "gather_negative_position": lambda x: x[:, torch.tensor([-1, 0, -2])] + 1,
     "size_as_value": lambda x: x.sum(1) + x.shape[1],  # the true size, not the bucket's
     "index_copy_padded_index": lambda x: torch.ones(x.shape[0], 64).index_copy(1, torch.arange(x.shape[1]), x),
     "index_put_negative_position": lambda x: _write_first_and_last(x).sum(1),
@@ -130,7 +134,7 @@ def _write_first_and_last(x):
 REFUSED = {
     "layernorm_over_padded": (lambda x: F.layer_norm(x, x.shape[1:]), "normalises over a padded dim"),
     "cat_padded_first": (lambda x: torch.cat([x, x], 1).sum(1), "cat along a padded dim"),
-    "last_position": (lambda x: x[:, -1], "counted from the end"),
+    "slice_from_the_end_to_a_fixed_position": (lambda x: x[:, -40:1] * 2, "counted from the end"),
     "flip": (lambda x: x.flip(1)[:, 0], "not known to be pad-safe"),
     "padded_slice_into_static_dim": (lambda x: _write_into_static(x), "touches a padded dim"),
 }
@@ -196,3 +200,86 @@ def test_hf_decoder_random_shapes_compile_per_bucket():
     assert all(e["status"] == "static" for e in static), static  # no dynamic graph was refused
     assert total == len(buckets) + len(static)  # exactly one program per bucket (+ the first, static call)
     assert total <= 12
+
+
+def test_slice_from_the_end_of_a_padded_dim():
+    """x[:, -k:] takes the last k true positions (all of them when fewer), not the bucket's:
+    one program serves every length of a bucket."""
+    fn = lambda x: x[:, -5:] * 2 + x[:, -6:-1:2].sum(1, keepdim=True)  # noqa: E731
+    torchtpu.reset_stats()
+    since = len(events.events())
+    c = compile_tpu(fn, dynamic=True)
+    for n in (9, 30, 100, 120):
+        x = torch.rand(2, n) + 0.1
+        _close(c(x), fn(x))
+    assert torchtpu.stats()["xla_compiles"] == 1  # one bucket (128)
+    for n in (4, 3, 2):  # shorter than the slices: Dynamo's other graphs
+        x = torch.rand(2, n) + 0.1
+        _close(c(x), fn(x))
+    statuses = _statuses(since)
+    assert {s["status"] for s in statuses} == {"bucketed"}, statuses
+    assert torchtpu.stats()["xla_compiles"] <= len(statuses)  # one bucket each (two may share a program)
+    whys = {d["why"] for s in statuses for d in s["decisions"]}
+    assert "slice counted from the end: taken from the true end" in whys, whys
+
+
+def test_sliding_window_decoder_random_shapes_compile_per_bucket():
+    """Mistral's KV cache keeps the last sliding_window - 1 positions, a slice counted from the
+    end of the padded sequence; the window's mask bites at these lengths."""
+    from benchmarks.models import hf_mistral
+
+    torch.manual_seed(0)
+    model = hf_mistral(sliding_window=8)
+    torchtpu.reset_stats()
+    since = len(events.events())
+    compiled = compile_tpu(model, fullgraph=False)
+    rng = random.Random(3)  # its first 12 shapes meet each of Dynamo's graphs: batch 1 or not, seq < 7 or not
+    err1 = random_decoder_calls(model, compiled, rng, 12, use_cache=True, batch=4, seq=128)
+    first = torchtpu.stats()["xla_compiles"]
+    err2 = random_decoder_calls(model, compiled, rng, 12, use_cache=True, batch=4, seq=128)
+    total = torchtpu.stats()["xla_compiles"]
+    evs = events.events()[since:]
+    static = [e for e in evs if e["kind"] == "bucketing" and e["status"] != "bucketed"]
+    print(f"xla compiles: first pass {first}, second pass {total - first}")
+    assert max(err1, err2) < 1e-4  # logits and the KV cache
+    assert all(e["status"] == "static" for e in static), static  # no dynamic graph was refused
+    assert first <= 8
+    assert total == first  # new shapes, no new program
+
+
+# --- splits and slices of the unpadded side (fused QKV projections) ----------------------------
+
+SPLITS = {
+    "split_unpadded_dim": lambda x: sum(p.sum(-1) for p in x.split([2, 4, 6], -1)),
+    "chunk_unpadded_dim": lambda x: torch.stack(x.chunk(3, -1)).sum(0),
+    "unbind_unpadded_dim": lambda x: sum(x.unbind(-1)),
+    "split_padded_dim_static_front": lambda x: torch.split(x, [1, x.shape[1] - 1], 1)[1].sum(1),
+    "view_after_slice_of_unpadded_dim": lambda x: x[..., :8].reshape(x.shape[0], x.shape[1], 2, 4).sum(-1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPLITS))
+@pytest.mark.parametrize("n", [3, 37])
+def test_splits_are_harmless(name, n):
+    x = torch.rand(3, n, 12) + 0.1
+    out, ref, statuses = _run(SPLITS[name], x, dims=1)
+    _close(out, ref)
+    assert [s["status"] for s in statuses] == ["bucketed"], statuses
+
+
+def test_split_of_a_padded_dim_with_a_dynamic_front_is_refused():
+    fn = lambda x: torch.split(x, [x.shape[1] - 1, 1], 1)[0].sum(1)  # noqa: E731
+    out, ref, statuses = _run(fn, torch.rand(3, 21, 12), dims=1)
+    _close(out, ref)
+    assert [s["status"] for s in statuses] == ["exact"]
+    assert "every piece but the last has a static size" in statuses[0]["reason"]
+
+
+def test_repeat_by_a_padded_size():
+    """ALiBi's slopes x positions, tiled batch times: the copies of real positions stay real."""
+    fn = lambda x: (torch.arange(x.shape[1]) * torch.ones(4, 1, 1)).repeat(x.shape[0], 2, 1).sum(1) + x.sum()  # noqa: E731
+    for b, n in ((2, 5), (3, 21)):
+        x = torch.rand(b, n)
+        out, ref, statuses = _run(fn, x)
+        _close(out, ref)
+        assert [s["status"] for s in statuses] == ["bucketed"], statuses

@@ -84,22 +84,29 @@ class Padding:
         return tuple(args), kwargs
 
     def rule_for(self, node, rule):
-        """The rule to lower `node` with: its own, or for a slice counted from the true end
-        (mask "tail") a dynamic slice at true size - k."""
+        """The rule to lower `node` with: its own, or for a slice or select counted from the end
+        of a padded dim (mask "from_end") one that starts at true size + start. A slice keeps
+        the length it has at the bucket's size (the shape the rest of the program sees)."""
         spec = node.meta.get(bucketing.MASK)
-        if spec is None or spec.after != "tail":
+        if spec is None or spec.after != "from_end":
             return rule
         ((dim, factors),) = spec.dims
+        size = evaluate(factors[0], self.true)
 
-        def tail(ctx, x, dim_, start, *rest):
-            begin = evaluate(factors[0], self.true) + start
-            return lax.dynamic_slice_in_dim(x, begin, -start, axis=dim)
+        def select(ctx, x, dim_, index):
+            return lax.dynamic_index_in_dim(x, size + index, axis=dim, keepdims=False)
 
-        return tail
+        def slice_from_end(ctx, x, dim_=0, start=None, end=None, step=1):
+            length = len(range(x.shape[dim])[start:end:step])
+            span = (length - 1) * step + 1 if length else 0
+            y = lax.dynamic_slice_in_dim(x, jnp.maximum(size + start, 0), span, axis=dim)
+            return lax.slice_in_dim(y, 0, span, step, axis=dim)
+
+        return select if node.target is aten.select.int else slice_from_end
 
     def _indices(self, indices, plan):
-        """index_put's index list: padded entries out of bounds (the scatter drops them),
-        negative positions into a padded dim counted from its true end."""
+        """index_put's or index's index list: padded entries out of bounds (the scatter drops
+        them), negative positions into a padded dim counted from its true end."""
         for k, kind, factors in plan:
             idx = indices[k].astype(jnp.int64)
             if kind == "drop":
@@ -111,7 +118,7 @@ class Padding:
 
     def after(self, node, args, kwargs, out):
         spec = node.meta.get(bucketing.MASK)
-        if spec is None or spec.after in ("", "keys", "tail"):
+        if spec is None or spec.after in ("", "keys", "from_end"):
             return out
         if spec.after == "rescale":
             ratio = self.count(spec.dims, self.bucket) / self.count(spec.dims, self.true)

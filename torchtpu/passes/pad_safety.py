@@ -7,10 +7,12 @@ bucket values. That is correct for the real positions of every value as long as 
 only real positions when it computes a real position. Per op this is one of:
 
 - harmless: elementwise ops, views that split/merge consistently, matmul/conv over other dims,
-  gathers by non-negative position, prefix ops (cumsum), slices with a static start;
+  gathers by non-negative position, prefix ops (cumsum), slices and selects at a non-negative position;
 - masked: reductions, softmax and contractions over a padded dim, attention over padded keys.
   The lowering masks the padded positions (NaN-safe `where`, never a multiply) with the
-  reduction's neutral value and corrects divisors (mean, var);
+  reduction's neutral value and corrects divisors (mean, var). Positions counted from the end
+  of a padded dim (a negative slice start or select index, negative gather/scatter positions)
+  are counted from its true end;
 - unsafe: anything else that touches a padded dim (cat with padding in the middle, a
   position computed from a size, flip, ...). The graph is then compiled per exact size.
 
@@ -44,15 +46,16 @@ class Mask:
             dim to `fill` before the rule runs.
         after: "" | "rescale" (mean: multiply by padded count / true count over `dims`) |
             "var" (recompute variance over the masked argument) | "keys" (attention: mask keys) |
-            "tail" (a slice of the last positions: taken from the true end, compiler/padding.py).
-        dims: for "rescale"/"var": (dim, factors) of argument 0 that were reduced; for "tail":
-            (dim, factors) of the sliced dim.
+            "from_end" (a slice or select whose start is counted from the end of a padded dim:
+            taken at true size + start, compiler/padding.py).
+        dims: for "rescale"/"var": (dim, factors) of argument 0 that were reduced; for
+            "from_end": (dim, factors) of the sliced dim.
         true_args: (argument index, expr): a size used as a value (a Tensor argument) takes
             its true value, not the bucket's.
-        indices: for index_put: (position in the index list, kind, factors): "drop" sends the
-            index tensor's padded entries (its dim `factors` is padded) out of bounds, where
-            the scatter drops them; "wrap" makes negative positions into a padded operand dim
-            (of these factors) count from its true end.
+        indices: for index_put and index: (position in the index list, kind, factors): "drop"
+            sends the index tensor's padded entries (its dim `factors` is padded) out of bounds,
+            where the scatter drops them; "wrap" makes negative positions into a padded operand
+            dim (of these factors) count from its true end.
     """
 
     premask: tuple = ()
@@ -138,8 +141,12 @@ def _dims_of(dim, ndim) -> list[int]:
     return [d % max(ndim, 1) for d in dims]
 
 
+# A slice end at or past this runs to the end of the dim (Dynamo writes sys.maxsize).
+TO_END = 2 ** 62
+
 # The argument names through which a size may flow into an op (a size as a value is unsafe).
-SIZE_ARGS = {"size", "shape", "end", "stride", "N", "HxW", "normalized_shape"}
+SIZE_ARGS = {"size", "shape", "end", "stride", "N", "HxW", "normalized_shape", "split_sizes",
+             "repeats"}
 
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 SAME_LAYOUT = {aten.clone.default, aten.alias.default, aten._to_copy.default, aten.detach.default,
@@ -347,6 +354,10 @@ class _Analyzer:
                    aten.index.Tensor: self.index, aten.gather.default: self.gather,
                    aten.index_put.default: self.index_put, aten._unsafe_index_put.default: self.index_put,
                    aten.slice_scatter.default: self.slice_scatter,
+                   aten.split.Tensor: self.split, aten.split_with_sizes.default: self.split,
+                   aten.unbind.int: self.split, aten.repeat.default: self.repeat,
+                   aten.topk.default: self.sort, aten.sort.default: self.sort,
+                   aten.sort.stable: self.sort,
                    aten.convolution.default: self.convolution}
         if t in special:
             return special[t](node)
@@ -425,25 +436,88 @@ class _Analyzer:
         return "harmless", "broadcast"
 
     def slice(self, node):
+        """From a fixed start (any end, any step) the real positions stay in front. A start
+        counted from the end (negative), to the end or to an end also counted from it, is taken
+        from the true end (mask "from_end"): such a slice only grows with the size, so at the
+        bucket's size it holds every real position, and never has to be clamped to fit."""
         src = self.layouts[node.args[0]]
         dim = _schema_arg(node, "dim", 0) % len(src)
-        start = _schema_arg(node, "start", None)
+        start, end = _schema_arg(node, "start", None), _schema_arg(node, "end", None)
         out = list(src)
-        if self.padded_dim(src[dim]):
-            if self._tail(node, src[dim], start):
-                out[dim] = (expr_of(node.meta["val"].shape[dim]),)
+        e = expr_of(node.meta["val"].shape[dim])
+        if not self.padded_dim(src[dim]):
+            out[dim] = (e,)
+        else:
+            if isinstance(start, int) and start < 0:
+                if len(src[dim]) > 1:
+                    raise Unsafe(f"slice starts at {start} on a merged padded dim: counted from the end")
+                if not (end is None or (isinstance(end, int) and (end < 0 or end >= TO_END))):
+                    raise Unsafe(f"slice from {start}, counted from the end, to the fixed position {end}")
+                out[dim] = (e,)
                 self.layouts[node] = tuple(out)
-                return self.masked(node, Mask(after="tail", dims=((dim, src[dim]),)),
-                                   "slice of the last positions: counted from the true end")
-            if isinstance(start, torch.fx.Node) or (start or 0) < 0:
-                raise Unsafe(f"slice starts at {start} on a padded dim: a position counted from the end")
-            e = expr_of(node.meta["val"].shape[dim])
+                self.masks[node] = Mask(after="from_end", dims=((dim, src[dim]),))
+                return "masked", "slice counted from the end: taken from the true end"
+            if isinstance(start, torch.fx.Node):
+                raise Unsafe(f"slice starts at {start} on a padded dim: a position computed from a size")
             if not (start in (None, 0) and _equal(sympy.Mul(*src[dim]), e)):
                 if len(src[dim]) > 1:
                     raise Unsafe("slice of a merged padded dim")
                 out[dim] = (e,)
         self.layouts[node] = tuple(out)
         return "harmless", "slice with a static start keeps real positions in front"
+
+    def split(self, node):
+        """split/split_with_sizes/unbind (chunk traces to split): each piece is a slice. Along
+        an unpadded dim every piece keeps the other dims' layouts; along a padded one only
+        pieces of static size followed by the one rest piece (real positions stay in front of
+        each, the padding all lands in the last)."""
+        src, vals = self.layouts[node.args[0]], node.meta["val"]
+        dim = _schema_arg(node, "dim", 0) % len(src)
+        unbind = node.target is aten.unbind.int
+        pieces = []
+        for v in vals:
+            out = list(src)
+            if unbind:
+                del out[dim]
+            else:
+                out[dim] = (expr_of(v.shape[dim]),)
+            pieces.append(tuple(out))
+        if self.padded_dim(src[dim]):
+            sizes = [expr_of(v.shape[dim]) for v in vals]
+            if unbind or len(src[dim]) > 1 or any(self.padded_factor(e) for e in sizes[:-1]):
+                raise Unsafe(f"split of the padded dim {dim} into sizes {sizes}: safe only when "
+                             "every piece but the last has a static size")
+        self.layouts[node] = tuple(pieces)
+        return "harmless", "split: static pieces in front, padding in the last"
+
+    def repeat(self, node):
+        """Tiles: output dim d is (repeats[d], *input factors) row-major, a position real when
+        its copy number is below the true count and its source position is real."""
+        src, repeats = self.layouts[node.args[0]], node.args[1]
+        lead = len(repeats) - len(src)
+        out = [(expr_of(r.meta["val"] if isinstance(r, torch.fx.Node) else r),) for r in repeats[:lead]]
+        for factors, r in zip(src, repeats[lead:]):
+            r = expr_of(r.meta["val"] if isinstance(r, torch.fx.Node) else r)
+            out.append(factors if r == 1 else self.canon((r, *factors)))
+        self.layouts[node] = tuple(out)
+        return "harmless", "repeat: each copy keeps real positions where they were"
+
+    def sort(self, node):
+        """topk/sort along an unpadded dim: each row on its own, the other dims keep their layout.
+        Along a padded dim the padding would compete with real entries."""
+        src = self.layouts[node.args[0]]
+        dim = _schema_arg(node, "dim", -1) % max(len(src), 1)
+        if src and self.padded_dim(src[dim]):
+            raise Unsafe(f"{node.target} along the padded dim {dim}: padded entries would be ranked "
+                         "with real ones (safe along an unpadded dim)")
+        out = []
+        for v in node.meta["val"]:
+            lay = list(src)
+            if lay:
+                lay[dim] = (expr_of(v.shape[dim]),)
+            out.append(tuple(lay))
+        self.layouts[node] = tuple(out)
+        return "harmless", "topk/sort along an unpadded dim"
 
     def slice_scatter(self, node):
         """base with src written into a slice: harmless along an unpadded dim (padded dims of
@@ -453,7 +527,7 @@ class _Analyzer:
         if self.padded_dim(base[dim]):
             start, end = _schema_arg(node, "start", None), _schema_arg(node, "end", None)
             end = end.meta["val"] if isinstance(end, torch.fx.Node) else end
-            whole = end is None or (isinstance(end, int) and end >= 2 ** 62) or \
+            whole = end is None or (isinstance(end, int) and end >= TO_END) or \
                 _equal(expr_of(end), expr_of(node.args[0].meta["val"].shape[dim]))
             if start not in (None, 0) or _schema_arg(node, "step", 1) != 1 or not whole:
                 raise Unsafe("slice_scatter into part of a padded dim")
@@ -462,21 +536,17 @@ class _Analyzer:
         self.layouts[node] = base
         return "harmless", "slice_scatter along an unpadded dim or over a whole padded one"
 
-    @staticmethod
-    def _tail(node, factors, start) -> bool:
-        """x[..., -k:] (step 1, to the end) of a padded dim whose true size is at least k."""
-        end, step = _schema_arg(node, "end", None), _schema_arg(node, "step", 1)
-        size = node.meta["val"].shape[_schema_arg(node, "dim", 0) % node.meta["val"].ndim]
-        return (isinstance(start, int) and start < 0 and step == 1 and len(factors) == 1
-                and (end is None or (isinstance(end, int) and end >= 2 ** 62))
-                and isinstance(size, int) and size == -start)
-
     def select(self, node):
+        """At a fixed position; a negative one counts from the true end (mask "from_end")."""
         src = self.layouts[node.args[0]]
         dim, index = node.args[1] % len(src), node.args[2]
-        if self.padded_dim(src[dim]) and (not isinstance(index, int) or index < 0 or len(src[dim]) > 1):
-            raise Unsafe(f"select at index {index} of a padded dim: a position counted from the end")
         self.layouts[node] = src[:dim] + src[dim + 1:]
+        if self.padded_dim(src[dim]):
+            if not isinstance(index, int) or len(src[dim]) > 1:
+                raise Unsafe(f"select at index {index} of a padded dim: a position computed from a size")
+            if index < 0:
+                self.masks[node] = Mask(after="from_end", dims=((dim, src[dim]),))
+                return "masked", "select counted from the end: at the true end"
         return "harmless", "select at a static position"
 
     def cat(self, node):
@@ -502,11 +572,17 @@ class _Analyzer:
         return "harmless", "gather by token id"
 
     def index(self, node):
-        src = self.layouts[node.args[0]]
+        """A gather; negative positions into a padded dim count from its true end ("wrap")."""
+        src, plan = self.layouts[node.args[0]], []
         for d, idx in enumerate(node.args[1]):
             if idx is not None and self.padded_dim(src[d]) and not self.nonneg(idx):
-                raise Unsafe("indexing a padded dim with possibly negative positions")
+                if len(src[d]) > 1:
+                    raise Unsafe("indexing a merged padded dim with possibly negative positions")
+                plan.append((d, "wrap", src[d]))
         self.layouts[node] = self.inherit(node)
+        if plan:
+            self.masks[node] = Mask(indices=tuple(plan))
+            return "masked", "gather: negative positions count from the true end"
         return "harmless", "gather by non-negative position"
 
     def index_put(self, node):
@@ -657,6 +733,12 @@ class _Analyzer:
             src = node.args[0]
             result = self.nonneg(src) or (isinstance(src, torch.fx.Node) and
                                           getattr(src.meta.get("val"), "dtype", None) == torch.bool)
+        elif t is operator.getitem:
+            src = node.args[0]
+            result = node.args[1] == 1 and src.target in (aten.topk.default, aten.sort.default,
+                                                          aten.sort.stable, aten.max.dim, aten.min.dim)
+        elif t in (aten.argmax.default, aten.argmin.default, aten.argsort.default, aten.argsort.stable):
+            result = True
         elif t in (aten.add.Tensor, aten.mul.Tensor, aten.add.Scalar, aten.mul.Scalar):
             result = all(self.nonneg(a) for a in node.args[:2]) and node.kwargs.get("alpha", 1) >= 0
         self._nonneg[node] = result
