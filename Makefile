@@ -4,9 +4,10 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PIP_PKGS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 numpy networkx flatbuffers \
-            expecttest pytest hypothesis transformers matplotlib
+            expecttest pytest hypothesis transformers matplotlib \
+            diffusers accelerate
 
-.PHONY: demo test bench browser clean
+.PHONY: demo test bench coverage browser clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -29,6 +30,10 @@ browser:
 	-@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 \
 	  || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) \
 	  || echo "chromium could not be installed: the HTML-report browser test will skip"
+
+# The model-coverage suite (also part of make test) as a table: docs/coverage.md.
+coverage: $(STAMP)
+	TORCHTPU_COVERAGE_FULL=1 $(VPY) tests/model_coverage.py --write docs/coverage.md
 
 bench: $(STAMP)
 	$(VPY) -m benchmarks.suite
