@@ -2,10 +2,13 @@
 bfloat16 and training against eager, with no host ops, except the kept failures of
 coverage_expected.json (each with its reason; an unexpected pass fails).
 Regenerate that table with: TORCHTPU_COVERAGE_REGEN=1 .venv/bin/python -m pytest tests/test_coverage.py
+TORCHTPU_COVERAGE_WRITE=FILE writes this run's markdown table (as in docs/coverage.md) to FILE.
 """
 from __future__ import annotations
 
+import os
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +38,8 @@ def test_table_is_current():
     with TORCHTPU_COVERAGE_REGEN=1 it rewrites the table from this session's results."""
     if cov.regenerating():
         cov.write_table(_RESULTS)
+    if os.environ.get("TORCHTPU_COVERAGE_WRITE"):  # the markdown table of this session's results
+        Path(os.environ["TORCHTPU_COVERAGE_WRITE"]).write_text(cov.render(_RESULTS, cov.load_table()) + "\n")
     table = cov.load_table()
     for key, entry in table.items():
         model, mode = key.split("/")
