@@ -12,10 +12,11 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
+import torchtpu
 import torchtpu.inspect
 from torchtpu import events
 from torchtpu.inspect.cli import add_inspect_parser
-from torchtpu.inspect.explain import explain
+from torchtpu.inspect.explain import category, explain
 
 from helpers import compile_tpu
 
@@ -39,12 +40,44 @@ def test_explanations_name_the_change_and_a_fix():
     assert "specializes size 1" in one
 
 
+def test_explanations_of_dynamos_size_guards_as_hf_mamba_makes_them():
+    """The reasons below are Dynamo's own, from transformers' Mamba called with input_ids=... ."""
+    kwarg = _dynamo("0/0: tensor 'kwargs['input_ids']' size mismatch at index 0. expected 5, actual 6")
+    assert category(kwarg) == "size changed"
+    assert explain(kwarg, []).startswith("input `input_ids` dim 0 changed 5 → 6")
+    branch = _dynamo("0/1: ((kwargs['input_ids'].size()[1] // 32) % 2) == 0  # _, all_states = associative_scan("
+                     "  # transformers/models/mamba/modeling_mamba.py:237 in mamba_selective_scan "
+                     "(_dynamo/variables/tensor.py:2606 in evaluate_expr)")
+    assert category(branch) == "size-dependent branch"
+    assert explain(branch, []).startswith(
+        "this frame's code depends on the value of dim 1 of `input_ids`: it tests "
+        "`((input_ids.size(1) // 32) % 2) == 0` at `_, all_states = associative_scan(` "
+        "(transformers/models/mamba/modeling_mamba.py:237 in mamba_selective_scan), and each outcome is a new graph")
+    assert "mark_dynamic cannot help" in explain(branch, [])
+    both = _dynamo("0/6: ((-512)*kwargs['input_ids'].size()[0]) + 512*kwargs['input_ids'].size()[0]"
+                   "*(kwargs['input_ids'].size()[1] // 64) < 2  # return a  # f.py:234 in combine_fn")
+    assert "value of dims 0, 1 of `input_ids`" in explain(both, [])
+    assert category(_dynamo("0/1: 2 <= L['x'].size()[0]")) == "size left its dynamic range"
+    hard = {**_dynamo(fail="Hard failure due to fullgraph=True"), "fail_type": "FailOnRecompileLimitHit"}
+    assert category(hard) == "recompile limit reached"
+    assert explain(hard, []).startswith("recompile limit reached: Dynamo raised FailOnRecompileLimitHit")
+
+
 @pytest.fixture
 def log(tmp_path, monkeypatch):
     events.sync_dynamo()  # earlier tests' Dynamo compiles go to their own log, not this one
     path = tmp_path / "events.jsonl"
     monkeypatch.setenv("TORCHTPU_EVENT_LOG", str(path))
     return path
+
+
+def _inspect_json(log, capsys) -> dict:
+    """The summary exactly as `torchtpu inspect LOG --json` prints it."""
+    parser = argparse.ArgumentParser()
+    add_inspect_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["inspect", str(log), "--json"])
+    assert args.func(args) == 0
+    return json.loads(capsys.readouterr().out)
 
 
 def _record_session(scale: float = 1.0):
@@ -96,11 +129,7 @@ def test_the_log_has_each_recompile_as_it_ends(log, capsys):
         c(x.to(torch.bfloat16), 4)
         c(x.to(torch.float16), 4)  # over the limit: Dynamo runs it eagerly, no backend call follows
 
-    parser = argparse.ArgumentParser()
-    add_inspect_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["inspect", str(log), "--json"])
-    assert args.func(args) == 0
-    summary = json.loads(capsys.readouterr().out)
+    summary = _inspect_json(log, capsys)
     recompiles = summary["recompiles"]
     assert [r["category"] for r in recompiles] == ["Python int changed", "dtype changed", "recompile limit reached"]
     assert recompiles[0]["reason"].startswith("0/0: n == 3")
@@ -150,6 +179,69 @@ def test_warns_once_when_a_frame_recompiles_too_often(log, monkeypatch):
     mine = [w for w in caught if "recompiled" in str(w.message)]
     assert len(mine) == 1
     assert "changed" in str(mine[0].message)
+
+
+class _LengthLoop(torch.nn.Module):
+    """Specializes on its input's length: a Python loop over dim 1, so each length is a new graph."""
+
+    def forward(self, x):
+        y = x[:, :1]
+        for i in range(x.shape[1]):
+            y = y * 0.5 + x[:, i:i + 1]
+        return y
+
+
+def test_past_the_recompile_limit_a_size_specialized_frame_runs_eagerly(log, capsys):
+    """fullgraph=True and more lengths than Dynamo's recompile_limit: no FailOnRecompileLimitHit;
+    `limit` graphs, then new lengths run eagerly (counted, warned once, explained by the inspector)
+    while lengths that have a graph keep it."""
+    limit = torch._dynamo.config.recompile_limit
+    model = _LengthLoop()
+    compiled = compile_tpu(model)
+    new = list(range(2, limit + 6))  # limit + 4 lengths: the last 4 come after the limit
+    torchtpu.reset_stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in new + [3, limit + 4]:  # then one length with a graph, one that ran eagerly
+            x = torch.randn(2, n)
+            torch.testing.assert_close(compiled(x), model(x))
+    stats = torchtpu.stats()
+    assert stats["dynamo_graphs"] == limit and stats["eager_frames"] == 1
+    assert stats["eager_calls"] == 5  # the 4 lengths past the limit, and limit + 4 again
+    mine = [str(w.message) for w in caught if "runs eagerly" in str(w.message)]
+    assert len(mine) == 1 and f"compiled {limit} graphs" in mine[0]
+
+    summary = _inspect_json(log, capsys)
+    assert summary["totals"]["eager_frames"] == 1 and summary["totals"]["recompiles"] == limit - 1
+    assert {r["category"] for r in summary["recompiles"]} == {"size changed"}
+    assert summary["recompiles"][-1]["explanation"].startswith(
+        f"this frame's code depends on the value of dim 1 of `x` ({limit} → {limit + 1}): each length is a new graph")
+    [eager] = summary["eager_frames"]
+    assert (eager["graphs"], eager["limit"], eager["compile_id"]) == (limit, limit, f"0/{limit - 1}")
+    assert "mark_dynamic cannot help" in eager["explanation"]
+    assert eager["eager_inputs"] == [[f"x: float32[2,{n}]"] for n in new[limit:]]
+    assert "frames run eagerly" in torchtpu.inspect.report(log=str(log))
+
+
+def test_the_recompile_limit_still_fails_when_asked_or_when_not_only_sizes_changed():
+    """fail_on_recompile_limit_hit=True is the user's request for the error; a frame that also
+    recompiled for a dtype is not a size specialization, so Dynamo's limit stays as it is."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    model = _LengthLoop()
+    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+        compiled = compile_tpu(model)
+        compiled(torch.randn(2, 2))
+        compiled(torch.randn(2, 3))
+        with pytest.raises(FailOnRecompileLimitHit):
+            compiled(torch.randn(2, 4))
+    with torch._dynamo.config.patch(recompile_limit=3):
+        compiled = compile_tpu(model)
+        compiled(torch.randn(2, 2))
+        compiled(torch.randn(2, 2, dtype=torch.float64))
+        compiled(torch.randn(2, 3, dtype=torch.float64))
+        with pytest.raises(FailOnRecompileLimitHit):
+            compiled(torch.randn(2, 4, dtype=torch.float64))
 
 
 def _chromium() -> str | None:

@@ -11,7 +11,7 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from torchtpu import counters, events, spmd
+from torchtpu import counters, events, recompile_limit, spmd
 from torchtpu.compiler.decompositions import decomposition_table
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.options import Options
@@ -33,7 +33,15 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
     counters.bump("dynamo_graphs")
     events.follow_dynamo()  # from now on, each frame's Dynamo record is logged as its compile ends
     events.record("graph", compile_id=_compile_id(), source=_source(gm), inputs=_describe(example_inputs),
-                  ops=sum(n.op == "call_function" for n in gm.graph.nodes), options=opts.key_items())
+                  ops=sum(n.op == "call_function" for n in gm.graph.nodes), options=opts.key_items(),
+                  automatic_dynamic=torch._dynamo.config.automatic_dynamic_shapes)
+    last = recompile_limit.last_compile()  # None unless Dynamo's limit refuses this frame's next compile
+    compiled = _compile(gm, example_inputs, opts)
+    return compiled if last is None else recompile_limit.arm_on_first_call(last, compiled)
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options):
+    """AOTAutograd's graphs through compile_graph; the direct call path where nothing needs its wrapper."""
     # with a mesh, parameters are sharded by name: find which graph inputs they are
     spmd_inputs = spmd.graph_inputs(gm, opts.tp_plan) if opts.mesh is not None else None
 

@@ -13,6 +13,8 @@ _COUNTERS = (
     "fallback_ops",  # ATen ops run eagerly instead of on the device (counted per compiled graph)
     "device_regions",  # device programs graphs with host ops were split into (per compiled graph)
     "transfers",  # tensors that crossed host<->device between a graph's programs (per call)
+    "eager_frames",  # frames switched to eager before Dynamo's recompile limit (torchtpu/recompile_limit.py)
+    "eager_calls",  # calls of those frames that matched no compiled graph and ran eagerly
 )
 
 _lock = threading.Lock()

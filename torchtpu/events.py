@@ -149,13 +149,16 @@ def _maybe_warn(co_name, co_filename, co_firstlineno) -> None:
     frame = f"{co_name} ({co_filename}:{co_firstlineno})"
     if frame in _warned_frames:
         return
+    from torchtpu.inspect.explain import explain, frame_history
+
     with _lock:
-        mine = [e for e in _events if e["kind"] == "dynamo" and e.get("frame") == frame]
-    recompiles = [e for e in mine if e.get("recompile_reason")]
+        evs = list(_events)
+    mine = [e for e in evs if e["kind"] == "dynamo" and e.get("frame") == frame]
+    # this compile session of the frame only: after a Dynamo reset its count starts over
+    recompiles = [e for e in frame_history(mine[-1], evs) if e.get("recompile_reason")] if mine else []
     if len(recompiles) <= recompile_warn_threshold():
         return
     _warned_frames.add(frame)
-    from torchtpu.inspect.explain import explain
 
     text = explain(recompiles[-1], events())
     warnings.warn(f"torchtpu: {frame} recompiled {len(recompiles)} times; last: {text} "

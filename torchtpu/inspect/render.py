@@ -11,7 +11,7 @@ def text(summary: dict) -> str:
     rate = "n/a" if t["cache_hit_rate"] is None else f"{t['cache_hit_rate']:.0%} ({t['cache_hits']}/{t['cache_hits'] + t['cache_misses']})"
     lines = [f"frames {t['frames']}   graphs {t['graphs']}   compiles {t['compiles']}   "
              f"recompiles {t['recompiles']}   seconds compiling {t['seconds_compiling']:.2f}   "
-             f"cache hit rate {rate}", ""]
+             f"cache hit rate {rate}" + (f"   eager frames {t['eager_frames']}" if t.get("eager_frames") else ""), ""]
     width = max([len(f["frame"]) for f in summary["frames"]] + [5])
     lines.append(f"{'frame':<{width}}  graphs  compiles  recompiles  buckets  seconds")
     for f in summary["frames"]:
@@ -23,7 +23,18 @@ def text(summary: dict) -> str:
     if summary["recompiles"]:
         lines += ["", "recompiles"]
         lines += [f"  [{r['compile_id']}] {r['frame']}: {r['explanation']}" for r in summary["recompiles"]]
+    if summary.get("eager_frames"):
+        lines += ["", "frames run eagerly (the next new size would have hit Dynamo's recompile limit)"]
+        lines += [_eager_line(f) for f in summary["eager_frames"]]
     return "\n".join(lines) + "\n"
+
+
+def _eager_line(f: dict) -> str:
+    shapes = f["eager_inputs"]
+    ran = (f"{len(shapes)} new input shape(s) ran eagerly since, e.g. {', '.join(shapes[0])}" if shapes
+           else "no call has run eagerly yet")
+    return (f"  [{f['compile_id']}] {f['frame']}: eager past {f['graphs']} graphs (recompile_limit "
+            f"{f['limit']}); {ran}. Why: {f['explanation']}")
 
 
 def html_report(summary: dict, events: list[dict]) -> str:
@@ -33,6 +44,7 @@ def html_report(summary: dict, events: list[dict]) -> str:
                    for f in summary["frames"])
     recompiles = "".join(f"<li><code>{e(str(r['compile_id']))}</code> {e(r['frame'])}: {e(r['explanation'])}</li>"
                          for r in summary["recompiles"])
+    eager = "".join(f"<li>{e(_eager_line(f).strip())}</li>" for f in summary.get("eager_frames", []))
     totals = " · ".join(f"{e(k.replace('_', ' '))}: {e(str(v))}" for k, v in summary["totals"].items())
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>torchtpu compile report</title>
@@ -47,6 +59,8 @@ td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{t
 {timeline_svg(events)}
 <h2>Recompiles</h2>
 <ul>{recompiles or "<li>none</li>"}</ul>
+<h2>Frames run eagerly</h2>
+<ul>{eager or "<li>none</li>"}</ul>
 </body></html>
 """
 

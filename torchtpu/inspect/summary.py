@@ -8,7 +8,8 @@ from torchtpu.inspect.explain import category, explain, frame_of
 
 
 def summarize(events: list[dict]) -> dict:
-    """Returns {"totals": {...}, "frames": [{...}], "reasons": {category: n}, "recompiles": [{...}]}."""
+    """Returns {"totals": {...}, "frames": [{...}], "reasons": {category: n}, "recompiles": [{...}],
+    "eager_frames": [{...}]} (frames run eagerly past the recompile limit, with the new input shapes that did)."""
     names = _frame_names(events)
     graph_frame = {(e.get("run"), e.get("graph")): (e.get("run"), frame_of(e.get("compile_id")))
                    for e in events if e.get("kind") == "bucketing"}
@@ -35,6 +36,11 @@ def summarize(events: list[dict]) -> dict:
                    "category": category(e), "reason": e.get("recompile_reason") or e.get("fail_reason"),
                    "explanation": explain(e, events)}
                   for e in events if e.get("kind") == "dynamo" and category(e)]
+    eager = [{"compile_id": e.get("compile_id"), "frame": frame(e.get("run"), frame_of(e.get("compile_id"))),
+              "graphs": e.get("graphs"), "limit": e.get("limit"), "explanation": e.get("explanation"),
+              "eager_inputs": [c.get("inputs") for c in events if c.get("kind") == "eager_call"
+                               and c.get("run") == e.get("run") and c.get("compile_id") == e.get("compile_id")]}
+             for e in events if e.get("kind") == "eager_frame"]
     cache = collections.Counter(e.get("result") for e in events if e.get("kind") == "cache")
     hits, misses = cache["memory_hit"] + cache["disk_hit"], cache["miss"]
     table = [{"frame": k, **{**v, "buckets": len(v["buckets"]), "seconds": round(v["seconds"], 3)}}
@@ -47,10 +53,12 @@ def summarize(events: list[dict]) -> dict:
             "dynamo_seconds": round(sum(e.get("seconds") or 0 for e in events if e.get("kind") == "dynamo"), 3),
             "cache_hits": hits, "cache_misses": misses,
             "cache_hit_rate": round(hits / (hits + misses), 3) if hits + misses else None,
+            "eager_frames": len(eager),
         },
         "frames": sorted(table, key=lambda f: -f["compiles"]),
         "reasons": dict(collections.Counter(r["category"] for r in recompiles).most_common()),
         "recompiles": recompiles,
+        "eager_frames": eager,
     }
 
 
