@@ -283,3 +283,44 @@ def test_repeat_by_a_padded_size():
         out, ref, statuses = _run(fn, x)
         _close(out, ref)
         assert [s["status"] for s in statuses] == ["bucketed"], statuses
+
+
+def _route(x):
+    """A router: the top 2 of 4 experts per (padded) token, their indices then gathered by."""
+    weights, experts = torch.softmax(x @ torch.ones(x.shape[-1], 4).cumsum(1), -1).topk(2, -1)
+    table = torch.arange(8.0).view(4, 2)
+    return weights.sum(-1) + table[experts].sum((-1, -2)) + torch.gather(x, 1, experts[..., :1] * 0)[..., 0]
+
+
+@pytest.mark.parametrize("n", [3, 37])
+def test_topk_along_an_unpadded_dim_is_harmless(n):
+    x = torch.rand(n, 6)
+    out, ref, statuses = _run(_route, x, dims=0)
+    _close(out, ref)
+    assert [s["status"] for s in statuses] == ["bucketed"], statuses
+
+
+def test_sort_along_a_padded_dim_is_refused():
+    fn = lambda x: x.sort(0).values[0] + x.topk(2, 0).values.sum(0)  # noqa: E731
+    out, ref, statuses = _run(fn, torch.rand(21, 6), dims=0)
+    _close(out, ref)
+    assert [s["status"] for s in statuses] == ["exact"]
+    assert "along the padded dim 0" in statuses[0]["reason"]
+
+
+def test_repeat_of_a_constant_by_a_padded_size():
+    slopes = torch.tensor([[0.5], [0.25]])
+    fn = lambda x: slopes.repeat(x.shape[0], x.shape[1]).view(x.shape[0], 2, x.shape[1]).sum(1) + x  # noqa: E731
+    out, ref, statuses = _run(fn, torch.rand(3, 7))
+    _close(out, ref)
+    assert [s["status"] for s in statuses] == ["bucketed"], statuses
+
+
+def test_repeats_tiled_in_different_orders_are_refused():
+    """(b copies of 2 rows) + (2 copies of b rows): the real rows sit at different positions."""
+    slopes = torch.tensor([[0.5], [0.25]])
+    fn = lambda x: slopes.repeat(x.shape[0], x.shape[1]) + x.repeat(2, 1)  # noqa: E731
+    out, ref, statuses = _run(fn, torch.rand(3, 7))
+    _close(out, ref)
+    assert [s["status"] for s in statuses] == ["exact"]
+    assert "merged from padded dims in different orders" in statuses[0]["reason"]

@@ -7,7 +7,8 @@ bucket values. That is correct for the real positions of every value as long as 
 only real positions when it computes a real position. Per op this is one of:
 
 - harmless: elementwise ops, views that split/merge consistently, matmul/conv over other dims,
-  gathers by non-negative position, prefix ops (cumsum), slices and selects at a non-negative position;
+  gathers by non-negative position, prefix ops (cumsum), slices and selects at a non-negative position,
+  splits and topk/sort along an unpadded dim, repeat;
 - masked: reductions, softmax and contractions over a padded dim, attention over padded keys.
   The lowering masks the padded positions (NaN-safe `where`, never a multiply) with the
   reduction's neutral value and corrects divisors (mean, var). Positions counted from the end
@@ -248,6 +249,10 @@ class _Analyzer:
             return tuple(_Analyzer.fresh(v) for v in val)
         return None
 
+    def source(self, node):
+        """The layout of argument 0; a constant (get_attr, no layout) is unpadded."""
+        return self.layouts.get(node.args[0]) or self.fresh(node.args[0].meta["val"])
+
     def tensor_args(self, node):
         out = []
         for a in node.all_input_nodes:
@@ -446,7 +451,8 @@ class _Analyzer:
         out = list(src)
         e = expr_of(node.meta["val"].shape[dim])
         if not self.padded_dim(src[dim]):
-            out[dim] = (e,)
+            if not self.padded_factor(e):  # a static slice of a static dim (Falcon's fused heads)
+                out[dim] = (e,)
         else:
             if isinstance(start, int) and start < 0:
                 if len(src[dim]) > 1:
@@ -471,7 +477,7 @@ class _Analyzer:
         an unpadded dim every piece keeps the other dims' layouts; along a padded one only
         pieces of static size followed by the one rest piece (real positions stay in front of
         each, the padding all lands in the last)."""
-        src, vals = self.layouts[node.args[0]], node.meta["val"]
+        src, vals = self.source(node), node.meta["val"]
         dim = _schema_arg(node, "dim", 0) % len(src)
         unbind = node.target is aten.unbind.int
         pieces = []
@@ -493,7 +499,7 @@ class _Analyzer:
     def repeat(self, node):
         """Tiles: output dim d is (repeats[d], *input factors) row-major, a position real when
         its copy number is below the true count and its source position is real."""
-        src, repeats = self.layouts[node.args[0]], node.args[1]
+        src, repeats = self.source(node), node.args[1]
         lead = len(repeats) - len(src)
         out = [(expr_of(r.meta["val"] if isinstance(r, torch.fx.Node) else r),) for r in repeats[:lead]]
         for factors, r in zip(src, repeats[lead:]):
@@ -505,11 +511,12 @@ class _Analyzer:
     def sort(self, node):
         """topk/sort along an unpadded dim: each row on its own, the other dims keep their layout.
         Along a padded dim the padding would compete with real entries."""
-        src = self.layouts[node.args[0]]
+        src = self.source(node)
         dim = _schema_arg(node, "dim", -1) % max(len(src), 1)
         if src and self.padded_dim(src[dim]):
             raise Unsafe(f"{node.target} along the padded dim {dim}: padded entries would be ranked "
-                         "with real ones (safe along an unpadded dim)")
+                         "with real ones (safe along an unpadded dim; over padded rows it would need the "
+                         "permutation followed back to row order)")
         out = []
         for v in node.meta["val"]:
             lay = list(src)
