@@ -152,7 +152,7 @@ def test_masked_ops_are_correct(name, n, b):
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 @settings(max_examples=3, deadline=None)
-@given(n=st.integers(2, 40))
+@given(n=st.integers(2, 39))  # under 40: at n=40, x[:, -40:1] is x[:, 0:1], which buckets (rightly)
 def test_unsafe_ops_are_refused_with_a_reason(name, n):
     fn, why = REFUSED[name]
     x = torch.rand(3, n) + 0.1
