@@ -32,6 +32,10 @@ class Options:
             "rowwise" | "replicate" | "sequence"}; None: parameters replicated (data parallel).
         aten_kernels: "auto" (default: on the CPU, convolutions call ATen's oneDNN kernels inside
             the XLA program, 2d/3d ones channels-last, see kernels/aten_cpu.py) or "off" (XLA's own).
+        check_indices: True (default): programs check every position they read or write by tensor
+            value (embedding, gather, index, scatter, ...) and torch's asserts, and the call raises
+            torch's error (IndexError, RuntimeError) for a bad one; False: no checks (XLA then
+            clamps or drops out-of-range positions silently), and no flag read back per call.
     """
 
     platform: str | None = None
@@ -43,6 +47,7 @@ class Options:
     mesh: Any = None
     tp_plan: Any = None
     aten_kernels: str = "auto"
+    check_indices: bool = True
 
     @classmethod
     def parse(cls, options: dict[str, Any] | None) -> "Options":
@@ -66,6 +71,8 @@ class Options:
             raise ValueError(f"torchtpu: option fallback={parsed.fallback!r}; use 'defer' or 'error'")
         if parsed.aten_kernels not in ("auto", "off"):
             raise ValueError(f"torchtpu: option aten_kernels={parsed.aten_kernels!r}; use 'auto' or 'off'")
+        if not isinstance(parsed.check_indices, bool):
+            raise ValueError(f"torchtpu: option check_indices={parsed.check_indices!r}; use True or False")
         if parsed.mode not in ("fused", "strict"):
             raise ValueError(f"torchtpu: option mode={parsed.mode!r}; use 'fused' or 'strict'")
         return parsed
@@ -73,7 +80,7 @@ class Options:
     def key_items(self) -> tuple:
         """The options that change the compiled program (dump_dir does not)."""
         items = (("bucketing", json.dumps(self.bucketing, sort_keys=True)), ("pallas", self.pallas),
-                 ("aten_kernels", self.aten_kernels))
+                 ("aten_kernels", self.aten_kernels), ("check_indices", self.check_indices))
         if self.mesh is not None:  # only then: keys of unsharded programs stay as they were
             items += (("mesh", json.dumps(self.mesh)), ("tp_plan", json.dumps(self.tp_plan)))
         return items

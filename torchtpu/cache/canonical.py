@@ -13,6 +13,8 @@ import math
 import torch
 import torch.fx
 
+from torchtpu.passes.index_checks import CHECK
+
 
 class Unkeyable(Exception):
     """The graph or signature has a part that cannot be keyed reliably."""
@@ -25,8 +27,16 @@ def canonical_graph(gm: torch.fx.GraphModule) -> str:
         index[node] = f"%{i}"
         args = _fmt(node.args, index)
         kwargs = _fmt(dict(sorted(node.kwargs.items())), index)
-        lines.append(f"%{i} = {node.op} {_target(gm, node)}{args} {kwargs} :: {_fmt_val(node.meta.get('val'))}")
+        lines.append(f"%{i} = {node.op} {_target(gm, node)}{args} {kwargs} :: {_fmt_val(node.meta.get('val'))}"
+                     + _program_meta(node))
     return "\n".join(lines)
+
+
+def _program_meta(node) -> str:
+    """Metadata that changes the program: the bounds the index_checks pass chose from the op the
+    user called (index_copy and index_put lower alike but check differently)."""
+    check = node.meta.get(CHECK)
+    return f" check {check!r}" if check is not None else ""
 
 
 def _target(gm, node) -> str:

@@ -100,13 +100,13 @@ def check_blob(meta: dict, name: str, data: bytes) -> None:
 
 def layout_to_json(layout: ProgramLayout) -> dict:
     return {"tensor_inputs": list(layout.tensor_inputs), "uses_rng": layout.uses_rng,
-            "outputs": [_slot_to_json(s) for s in layout.outputs]}
+            "outputs": [_slot_to_json(s) for s in layout.outputs], "checks": list(layout.checks)}
 
 
 def layout_from_json(data: dict) -> ProgramLayout:
     outputs = [OutputSlot(s["kind"], s["index"], _value_from_json(s.get("value")),
                           tuple(s["stride"]) if s.get("stride") is not None else None) for s in data["outputs"]]
-    return ProgramLayout(list(data["tensor_inputs"]), bool(data["uses_rng"]), outputs)
+    return ProgramLayout(list(data["tensor_inputs"]), bool(data["uses_rng"]), outputs, list(data.get("checks", [])))
 
 
 def _slot_to_json(slot: OutputSlot) -> dict:

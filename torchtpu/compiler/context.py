@@ -37,6 +37,8 @@ class LowerCtx:
         options: the backend Options.
         padding: for a bucketed program, the bucket and true sizes (compiler.padding.Padding);
             lower_node masks padded positions for the nodes the pad-safety analysis marked.
+        checks: the program's run-time checks (compiler.checks.RunChecks); None with option
+            check_indices=False.
     """
 
     node: torch.fx.Node
@@ -45,6 +47,7 @@ class LowerCtx:
     rng: RngState
     padding: Any = None
     meta_val: Any = None  # overrides node.meta["val"] (an effectful op's own outputs)
+    checks: Any = None
 
     # --- output metadata -------------------------------------------------------------
     @property

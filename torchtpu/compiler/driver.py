@@ -70,7 +70,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
                     lower_ms=round(lower_s * 1e3, 3), compile_ms=round(compile_s * 1e3, 3))  # 8. atomic put
         return exe
 
-    runner = CompiledGraph(build, name, resident)
+    runner = CompiledGraph(build, name, resident, gm)
     runner = bucketing.wrap(runner, gm, options)          # symbolic sizes: pad to buckets, slice back
     if is_static(example_inputs):
         with unset_fake_temporarily():  # AOTAutograd calls us under its fake mode

@@ -50,8 +50,9 @@ def export(fn_or_module, *example_args, platforms=("cpu", "tpu"), options: dict 
         ExportedPrograms; `.stablehlo_text()` gives the MLIR text.
     """
     platforms = tuple(platforms)
-    # An artifact runs in other processes: no custom call into this process's ATen kernels.
-    opts = dataclasses.replace(Options.parse(options), aten_kernels="off")
+    # An artifact runs in other processes: no custom call into this process's ATen kernels, and
+    # no check flag (an extra output that only our runtime reads).
+    opts = dataclasses.replace(Options.parse(options), aten_kernels="off", check_indices=False)
     # Kernels are chosen per target: one artifact for several platforms uses XLA's own ops.
     target = platforms[0] if len(platforms) == 1 else "portable"
     captured: list[jax.export.Exported] = []

@@ -14,6 +14,7 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from torchtpu.compiler import dtypes, registry
+from torchtpu.compiler.checks import RunChecks
 from torchtpu.compiler.context import LowerCtx, RngState
 from torchtpu.compiler.errors import LoweringError, user_source_line, write_reproducer
 from torchtpu.compiler.padding import Padding
@@ -39,6 +40,7 @@ class JaxProgram:
     uses_rng: bool
     outputs: list[OutputSlot]  # filled in when fn is traced
     avals: list[jax.ShapeDtypeStruct]
+    checks: list[dict] = dataclasses.field(default_factory=list)  # when fn is traced: its last result is their flag
 
 
 def _static_stride(val) -> tuple[int, ...] | None:
@@ -73,6 +75,8 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
         _refuse_float64(gm, spec)
     rng = uses_rng(gm)
     outputs: list[OutputSlot] = []
+    records: list[dict] = []
+    positions = {n: i for i, n in enumerate(graph.nodes)}
     sharding = jax.sharding.SingleDeviceSharding(device) if device is not None else None
     avals = [jax.ShapeDtypeStruct(spec[i].shape, dtypes.to_jax(spec[i].dtype), sharding=sharding)
              for i in tensor_inputs]
@@ -87,6 +91,7 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
         for node, s in zip(placeholders, spec):
             env[node] = next(feed) if isinstance(s, TensorSpec) else s
         padding = Padding.bind(gm, spec, env)  # None unless the graph is bucketed
+        checks = RunChecks(positions) if getattr(options, "check_indices", True) else None
         results = []
         outputs.clear()
         for node in graph.nodes:
@@ -95,7 +100,8 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
             if node.op == "get_attr":
                 env[node] = _constant(gm, node)
             elif node.op == "call_function":
-                env[node] = lower_node(node, env, LowerCtx(node, platform, options, state, padding), gm, spec)
+                env[node] = lower_node(node, env, LowerCtx(node, platform, options, state, padding, checks=checks),
+                                       gm, spec)
             elif node.op == "output":
                 for value, meta in zip(_flat_outputs(node, env), _flat_output_metas(node)):
                     if value is None:
@@ -107,9 +113,12 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
                         outputs.append(OutputSlot("value", value=value))
             else:
                 raise LoweringError(f"unsupported FX node kind {node.op!r} ({node.format_node()})")
+        records[:] = checks.records if checks is not None else []
+        if records:  # one int32 after the graph's outputs: 0, or which check failed first
+            results.append(checks.flag)
         return tuple(results)
 
-    return JaxProgram(fn, tensor_inputs, rng, outputs, avals)
+    return JaxProgram(fn, tensor_inputs, rng, outputs, avals, records)
 
 
 def _refuse_float64(gm, spec):
@@ -162,6 +171,8 @@ def lower_node(node: torch.fx.Node, env: dict, ctx: LowerCtx, gm=None, spec=None
     if rule is None:
         raise _error(f"no lowering for {target}", node, gm, spec, ctx)
     try:
+        if ctx.checks is not None:  # on the arguments as given: padding may move padded positions
+            ctx.checks.indices(node, args, ctx.padding)
         if ctx.padding is not None:
             rule = ctx.padding.rule_for(node, rule)
             args, kwargs = ctx.padding.before(node, args, kwargs)

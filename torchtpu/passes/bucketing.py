@@ -20,6 +20,7 @@ from torchtpu.passes import pad_safety
 PLAN = "torchtpu_bucketing"
 TRUE_SIZES = "torchtpu_true_sizes"
 MASK = "torchtpu_mask"
+LAYOUT = "torchtpu_layout"  # a node's padded layout (pad_safety.Layout): which of its entries are real
 
 
 @dataclasses.dataclass
@@ -155,6 +156,8 @@ def bucket_shapes(gm: torch.fx.GraphModule, options) -> torch.fx.GraphModule:
     order = sorted(symbols, key=lambda s: sources[s])
     for node, mask in analysis.masks.items():
         node.meta[MASK] = mask
+    for node, layout in analysis.layouts.items():  # index checks skip padded entries (compiler/checks.py)
+        node.meta[LAYOUT] = layout
     _add_true_sizes(gm, placeholders, vals, len(order))
     shape_env = _shape_env(vals)
     classes = paired_symbols(gm, set(order))

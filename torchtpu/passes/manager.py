@@ -9,6 +9,7 @@ import torch
 from torchtpu import counters
 from torchtpu.passes.bucketing import bucket_shapes
 from torchtpu.passes.conv_bn import fuse_conv_bn
+from torchtpu.passes.index_checks import mark_index_checks
 from torchtpu.passes.pallas_rewrites import fuse_rms_norm
 
 Pass = Callable[[torch.fx.GraphModule, object], torch.fx.GraphModule]
@@ -18,6 +19,7 @@ Pass = Callable[[torch.fx.GraphModule, object], torch.fx.GraphModule]
 PASSES: list[tuple[str, Pass]] = [
     ("pallas_rewrites", fuse_rms_norm),
     ("conv_bn", fuse_conv_bn),
+    ("index_checks", mark_index_checks),
     ("bucketing", bucket_shapes),
 ]
 

@@ -13,6 +13,7 @@ import jax
 import torch
 from jax.extend import backend as jax_backend
 
+from torchtpu.compiler import checks
 from torchtpu.compiler.lower import OutputSlot
 from torchtpu.compiler.spec import spec_of
 from torchtpu.runtime import residency, transfer
@@ -24,13 +25,17 @@ class CompiledGraph:
     Args:
         build: signature -> Executable (the driver's pipeline for one signature).
         name: the graph's name in logs and dumps.
+        resident: argument positions of parameters and buffers.
+        gm: the graph as lowered, to name the node of a failed run-time check.
     """
 
     _boxed_call = True  # AOTAutograd hands us the argument list and lets us clear it
 
-    def __init__(self, build: Callable, name: str, resident: frozenset[int] = frozenset()):
+    def __init__(self, build: Callable, name: str, resident: frozenset[int] = frozenset(),
+                 gm: torch.fx.GraphModule | None = None):
         self._build = build
         self.name = name
+        self.gm = gm
         self.resident = resident  # argument positions of parameters and buffers
         self._executables: dict[tuple, "Executable"] = {}
         self._only: Executable | None = None
@@ -60,7 +65,16 @@ class CompiledGraph:
             exe = self.executable_for(spec)
             if spec == self._fixed:
                 self._only = exe
-        return exe.run(args, self.resident, self.dense_outputs_from)
+        try:
+            return exe.run(args, self.resident, self.dense_outputs_from)
+        except checks.CheckFailed as failed:
+            raise checks.user_error(failed.check, self._node_at(failed.check["node"])) from None
+
+    def _node_at(self, position: int) -> torch.fx.Node | None:
+        """This graph's node at a check's position (a cached program may come from another graph
+        of the same canonical text: the position is what the key fixed, not the node's name)."""
+        nodes = list(self.gm.graph.nodes) if self.gm is not None else []
+        return nodes[position] if position < len(nodes) else None
 
 
 @dataclasses.dataclass
@@ -73,10 +87,12 @@ class ProgramLayout:
     tensor_inputs: list[int]  # positions of tensor arguments, in parameter order
     uses_rng: bool  # a PRNG key is parameter 0
     outputs: list[OutputSlot]
+    checks: list[dict] = dataclasses.field(default_factory=list)  # when any: the last result is their flag
 
     @classmethod
     def of(cls, program) -> "ProgramLayout":
-        return cls(list(program.tensor_inputs), bool(program.uses_rng), list(program.outputs))
+        return cls(list(program.tensor_inputs), bool(program.uses_rng), list(program.outputs),
+                   list(program.checks))
 
 
 class NotRunnableHere(RuntimeError):
@@ -158,6 +174,8 @@ class Executable:
             arrays.insert(0, jax.device_put(transfer.random_key(), device))
         results = self._execute(arrays).disassemble_into_single_device_arrays()
         args.clear()
+        if layout.checks:  # a host sync of one int32 (docs/DECISIONS.md 49)
+            checks.raise_if_failed(layout.checks, transfer.scalar(results[-1][0]))
         if device.platform == "cpu" and (like is None or like.type == "cpu"):
             return torch_outputs(layout, lambda i: transfer.from_cpu_buffer(results[i][0]), dense_from)
         return torch_outputs(layout, lambda i: transfer.to_torch(results[i][0], like), dense_from)

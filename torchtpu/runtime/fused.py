@@ -15,6 +15,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from torchtpu import counters, events
+from torchtpu.compiler import checks
 from torchtpu.passes import defer_and_fuse as daf
 
 
@@ -133,11 +134,24 @@ class FusedGraph:
                 a, kw = torch.fx.node.map_arg((step.args, step.kwargs), env.__getitem__)
                 env[step] = step.target(*a, **kw)
             else:
-                env.update(zip(step.outputs, runner([env[a] for a in step.inputs])))
+                try:
+                    outs = runner([env[a] for a in step.inputs])
+                except (checks.ProgramIndexError, checks.ProgramCheckError) as error:
+                    raise checks.user_error(error.check, _checked_node(step, error)) from None
+                env.update(zip(step.outputs, outs))
             for dead in self._last_use.get(i, ()):  # free what no later step reads
                 env.pop(dead, None)
         counters.bump("transfers", self.plan.transfers)
         return list(torch.fx.node.map_arg(self._output.args[0], env.__getitem__))
+
+
+def _checked_node(region, error):
+    """The node of `region` whose run-time check failed. Strict mode shares one program between
+    equal ops of any graph, so the program's own node may be another op's (another line)."""
+    node = next((n for n in region.nodes if n.name == getattr(error.node, "name", None)), None)
+    if node is None or str(node.target) != error.check["lowered"]:
+        node = next((n for n in region.nodes if str(n.target) == error.check["lowered"]), error.node)
+    return node
 
 
 def _last_uses(steps, output) -> dict[int, list]:

@@ -77,6 +77,12 @@ def to_torch(array, like_device: torch.device | None = None) -> torch.Tensor:
     return out
 
 
+def scalar(array) -> int:
+    """A 0-d integer device buffer's value on the host: waits for the program that computes it.
+    (On the CPU as fast as the DLPack path here, ≈4 µs, and the same on every platform.)"""
+    return int(np.asarray(array))
+
+
 def random_key() -> np.ndarray:
     """A fresh PRNG key drawn from torch's default generator (so torch.manual_seed applies)."""
     return torch.randint(0, 2**31 - 1, (2,), dtype=torch.int64).numpy().astype(np.uint32)

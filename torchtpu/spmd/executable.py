@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import torch
 
 from torchtpu import events
+from torchtpu.compiler import checks
 from torchtpu.compiler.spec import TensorSpec
 from torchtpu.runtime import transfer
 from torchtpu.runtime.executable import NotRunnableHere, ProgramLayout, torch_outputs
@@ -57,6 +58,8 @@ class ShardedExecutable:
                 arrays.insert(0, key)
             results = self.compiled(*arrays)
             args.clear()
+            if self.layout.checks:
+                checks.raise_if_failed(self.layout.checks, int(results[-1]))
             return torch_outputs(self.layout, lambda i: gather(results[i], like), dense_from)  # x64: int64 stays int64
 
     def collectives(self) -> dict[str, int]:
