@@ -2,8 +2,13 @@
 random batch in [1, 8] and sequence length in [1, 512], nothing marked dynamic.
 
     python -m benchmarks.bucketing_bench [--calls 200] [--seed 0] [--model llama|mistral] [--policy pow2 ...]
+    python -m benchmarks.bucketing_bench --zoo [--calls 24] [NAME ...]
 
 `--model mistral` is a sliding-window decoder called with its KV cache on (as by default).
+
+`--zoo` prints, for every text architecture of the model-coverage suite (tests/model_zoo.py),
+the same table as its "shapes" mode: XLA compiles over two rounds of `--calls` random shapes,
+bucketed or exact sizes with the bucketing pass's reason, and the worst error against eager.
 
 Each policy runs in a fresh process with an empty compile cache; prints XLA compiles in a first
 and a second pass (new random shapes), seconds, and the worst relative error against eager.
@@ -72,13 +77,19 @@ def worker(policy, calls: int, seed: int, model_name: str = "llama") -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200, help="calls per pass (default 200)")
+    parser.add_argument("--calls", type=int, help="calls per pass (default 200; 24 with --zoo)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", choices=sorted(MODELS), default="llama")
     parser.add_argument("--policy", action="append", choices=sorted(POLICIES),
                         help="run only these policies (repeatable; default all)")
+    parser.add_argument("--zoo", action="store_true", help="the coverage suite's text architectures")
+    parser.add_argument("names", nargs="*", help="with --zoo: only these architectures")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.zoo:
+        zoo_table(args.names, args.calls or 24)
+        return
+    args.calls = args.calls or 200
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker), args.calls, args.seed, args.model)))
         return
@@ -97,6 +108,26 @@ def main() -> None:
         print(f"{name:<12} {r['first_compiles']:>15} {r['second_compiles']:>7} "
               f"{r['first_compiles'] + r['second_compiles']:>6} {r['first_s']:>9} {r['second_s']:>9} "
               f"{r['worst_rel_err']:>14.1e}")
+
+
+def zoo_table(names, calls: int) -> None:
+    """The coverage suite's shapes mode over the zoo's text models, one row each."""
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    sys.path.insert(0, tests)
+    os.environ["TORCHTPU_COVERAGE_SHAPES"] = str(calls)
+    import model_coverage as cov
+    import model_zoo
+
+    print(f"{'architecture':<14} {'family':<20} {'pass 1':>6} {'pass 2':>6} {'status':<7} {'worst rel err':>13}  reason")
+    for entry in model_zoo.ZOO:
+        if not entry.text or (names and entry.name not in names):
+            continue
+        r = cov.run(entry, "shapes")
+        first, second = r.compiles or ("—", "—")
+        reason = "; ".join(r.refusals) or ("" if r.status == "pass" else r.detail)
+        err = f"{r.error:.1e}" if r.error is not None else "—"
+        print(f"{entry.name:<14} {entry.family:<20} {first:>6} {second:>6} {r.status:<7} {err:>13}  {reason[:160]}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,8 @@ class Result:
     bound: float | None = None  # what it had to stay under
     host_ops: int = 0
     first_call_s: float | None = None
+    compiles: tuple[int, int] | None = None  # shapes mode: XLA compiles in each round
+    refusals: tuple[str, ...] = ()            # shapes mode: why graphs compiled per exact size
 
     def row(self) -> dict:
         return dataclasses.asdict(self)
@@ -228,6 +230,7 @@ def _shapes(entry: Entry) -> Result:
     refusals = sorted({e["reason"] for e in statuses if e["status"] == "exact"})
     host = torchtpu.stats()["fallback_ops"]
     result = _judge(entry, "shapes", worst, F32_TOL, host, time.perf_counter() - t0)
+    result.compiles, result.refusals = tuple(compiles), tuple(refusals)
     result.detail = f"compiles {compiles[0]} then {compiles[1]}" + (f"; {result.detail}" if result.detail else "")
     if result.status == "pass" and (refusals or sum(compiles) > SHAPES_MAX_COMPILES):
         result.status = "exact"
