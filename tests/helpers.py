@@ -39,3 +39,14 @@ def _clone(args):
 
 def grads_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+@torch.library.custom_op("torchtpu_test::triple", mutates_args=())
+def host_triple(x: torch.Tensor) -> torch.Tensor:
+    """A user op with no lowering rule: it can only run on the host, between device programs."""
+    return x * 3
+
+
+@host_triple.register_fake
+def _(x):
+    return torch.empty_like(x)

@@ -9,7 +9,7 @@ import torch._dynamo
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchtpu
-from helpers import assert_close_tree, compile_tpu
+from helpers import assert_close_tree, compile_tpu, host_triple as triple
 from torchtpu import events
 from torchtpu.compiler.errors import LoweringError
 from torchtpu.options import Options
@@ -21,15 +21,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::torchtpu.runtime.fused.HostFall
 CAPTURE = dict(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True)
 
 
-@torch.library.custom_op("torchtpu_daf_test::triple", mutates_args=())
-def triple(x: torch.Tensor) -> torch.Tensor:
-    """A user op with no lowering rule: it can only run on the host."""
-    return x * 3
-
-
-@triple.register_fake
-def _(x):
-    return torch.empty_like(x)
 
 
 def host_in_the_middle(x):
@@ -65,7 +56,7 @@ def test_host_ops_between_device_work_match_eager(fullgraph):
     ours = [w for w in caught if issubclass(w.category, HostFallbackWarning)]
     if fullgraph:
         assert len(ours) == 1
-        for op in ("aten._local_scalar_dense", "aten.nonzero", "torchtpu_daf_test.triple"):
+        for op in ("aten._local_scalar_dense", "aten.nonzero", "torchtpu_test.triple"):
             assert op in str(ours[0].message)
     else:
         assert not ours
@@ -132,7 +123,7 @@ def test_fallback_error_names_the_op_node_and_source(tmp_path, monkeypatch):
     with torch._dynamo.config.patch(**CAPTURE), pytest.raises(Exception) as info:
         compile_tpu(lambda x: triple(x.sin()) + 1, options={"fallback": "error"})(torch.randn(4))
     text = str(info.value)
-    assert "no lowering for torchtpu_daf_test.triple.default" in text
+    assert "no lowering for torchtpu_test.triple.default" in text
     assert "FX node: %triple" in text and "test_defer_and_fuse.py" in text
     chain, err = [], info.value
     while err is not None:

@@ -19,7 +19,7 @@ from torchtpu.cache import tiers
 from torchtpu.compiler.checks import ProgramCheckError, ProgramIndexError
 from torchtpu.options import Options
 
-from helpers import compile_tpu
+from helpers import compile_tpu, host_triple as triple
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # index_reduce is "beta"
 
@@ -360,19 +360,8 @@ def test_bucketed_kv_cache_write_ignores_padded_positions():
 # --- DeferAndFuse regions -----------------------------------------------------------------
 
 
-@torch.library.custom_op("torchtpu_index_checks_test::double", mutates_args=())
-def double(x: torch.Tensor) -> torch.Tensor:
-    """No lowering rule: runs on the host between two device programs."""
-    return x * 2
-
-
-@double.register_fake
-def _(x):
-    return torch.empty_like(x)
-
-
 def around_a_host_op(x, i):
-    y = double(x.index_select(0, i))
+    y = triple(x.index_select(0, i))
     return y.gather(1, i[:, None] - 2)  # after the host op: in the second program
 
 
@@ -392,11 +381,11 @@ def test_defer_and_fuse_regions(mode):
 
 
 def select_then_host(x, i):
-    return double(x.index_select(0, i))
+    return triple(x.index_select(0, i))
 
 
 def select_then_host_elsewhere(x, i):
-    return double(x.index_select(0, i))
+    return triple(x.index_select(0, i))
 
 
 def test_strict_mode_shared_program_names_the_callers_line():

@@ -51,13 +51,11 @@ def clear() -> None:
 
 def log_path() -> Path | None:
     """Where events are appended; None when TORCHTPU_EVENT_LOG=off."""
-    asked = os.environ.get("TORCHTPU_EVENT_LOG", "").strip()
-    if asked.lower() in ("off", "0", "none", "false"):
-        return None
-    if asked:
-        return Path(asked).expanduser()
-    root = paths.default_root()
-    return None if root is None else root / "events.jsonl"
+    def in_cache_dir():
+        root = paths.default_root()
+        return None if root is None else root / "events.jsonl"
+
+    return paths.from_env("TORCHTPU_EVENT_LOG", in_cache_dir)
 
 
 def _append(event: dict) -> None:
