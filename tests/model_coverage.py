@@ -274,7 +274,7 @@ def models() -> list[str]:
 def render(results: list[Result], table: dict) -> str:
     """docs/coverage.md: model x mode, with the counts per mode and each kept failure's reason."""
     by = {(r.model, r.mode): r for r in results}
-    lines = ["| model | family | " + " | ".join(MODES) + " | first call (s) f32 / bf16 / train |",
+    lines = ["| model | family | " + " | ".join(MODES) + " | seconds: first call per mode (shapes: both rounds) |",
              "|---|---|" + "---|" * len(MODES) + "---|"]
     for name in dict.fromkeys(r.model for r in results):
         cells = []
