@@ -25,3 +25,11 @@ def cnn():
     """Its dense convolutions call ATen's kernel (a custom call) on the CPU."""
     torch.manual_seed(0)
     return models.CNN().eval(), [(torch.randn(2, 3, 16, 16),)]
+
+
+def decoder_lengths():
+    """A tiny decoder called with two sequence lengths: in one process the second call gets
+    Dynamo's automatic-dynamic (symbolic-size) graph."""
+    torch.manual_seed(0)
+    model = models.TinyDecoder(vocab=64, dim=32, heads=2, layers=1, max_len=16).eval()
+    return model, [(torch.randint(0, 64, (2, n)),) for n in (8, 12)]

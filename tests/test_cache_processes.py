@@ -18,8 +18,8 @@ def _env(cache_dir, **extra):
     return {**os.environ, "TORCHTPU_CACHE_DIR": str(cache_dir), **extra}
 
 
-def _worker(target: str, cache_dir, **popen):
-    return subprocess.Popen([sys.executable, str(HERE / "cache_worker.py"), target], cwd=HERE,
+def _worker(target: str, cache_dir, *args, **popen):
+    return subprocess.Popen([sys.executable, str(HERE / "cache_worker.py"), target, *args], cwd=HERE,
                             env=_env(cache_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
@@ -29,10 +29,11 @@ def _result(proc) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _cli(cache_dir, *args):
+def _cli(cache_dir, *args, ok=True):
     out = subprocess.run([sys.executable, "-m", "torchtpu.cli", "cache", *args], capture_output=True, text=True,
                          env=_env(cache_dir), cwd=HERE, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    if ok:
+        assert out.returncode == 0, out.stderr[-3000:]
     return out
 
 
@@ -83,13 +84,59 @@ def test_read_only_cache_dir_compiles_with_one_warning(tmp_path):
 
 def test_prewarm_then_run_compiles_nothing(tmp_path):
     out = _cli(tmp_path, "prewarm", "cache_targets:mlp_sets", "--jobs", "2")
-    assert "3 input sets: 3 compiled, 0 already cached" in out.stdout
-    assert out.stderr.count("compiled in") == 3
+    assert "3 input sets: 3 compiled, 0 already cached (first calls)" in out.stdout
+    lines = out.stderr.splitlines()
+    assert sum(line.startswith("first calls") and "compiled in" in line for line in lines) == 3
+    assert sum(line.startswith("in order") for line in lines) == 3  # replayed once, in the parent
+    assert "in order in one process: " in out.stdout
     run = _result(_worker("cache_targets:mlp_sets", tmp_path))
     assert run["stats"]["xla_compiles"] == 0 and run["stats"]["disk_hits"] == 3
     assert run["max_error"] < 1e-5
     again = _cli(tmp_path, "prewarm", "cache_targets:mlp_sets")
-    assert "0 compiled, 3 already cached" in again.stdout
+    assert "0 compiled, 3 already cached (first calls); in order in one process: 0 compiled, 3 already cached" \
+        in again.stdout
+
+
+def test_prewarm_replays_sets_in_order_so_one_process_compiles_nothing(tmp_path):
+    """Two sequence lengths in ONE process: the second call gets Dynamo's automatic-dynamic graph,
+    which only prewarm's in-order pass builds."""
+    without = tmp_path / "without"
+    out = _cli(without, "prewarm", "cache_targets:decoder_lengths", "--no-replay")
+    assert "2 input sets: 2 compiled, 0 already cached (first calls)" in out.stdout
+    assert "in order" not in out.stdout + out.stderr
+    missed = _result(_worker("cache_targets:decoder_lengths", without, "--in-order"))
+    assert missed["stats"]["xla_compiles"] >= 1  # the symbolic-size graph prewarm never built
+
+    out = _cli(tmp_path / "with", "prewarm", "cache_targets:decoder_lengths")
+    assert "in order in one process: 1 compiled, 1 already cached" in out.stdout
+    assert "new Dynamo graph" in [line for line in out.stderr.splitlines() if line.startswith("in order")][1]
+    served = _result(_worker("cache_targets:decoder_lengths", tmp_path / "with", "--in-order"))
+    assert served["stats"]["xla_compiles"] == 0 and served["stats"]["dynamo_graphs"] == 2
+    assert served["max_error"] < 1e-5 and not served["cache_warnings"]
+
+
+def test_prewarm_precompile_writes_artifacts_a_fresh_process_loads(tmp_path):
+    folder = tmp_path / "artifacts"
+    out = _cli(tmp_path / "cache", "prewarm", "cache_targets:decoder_lengths", "--no-replay",
+               "--precompile", str(folder))
+    assert f"2 precompiled artifacts and manifest.json in {folder}" in out.stdout
+    assert sum(line.startswith("precompile") and "wrote set-" in line for line in out.stderr.splitlines()) == 2
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "set-0.tpu", "set-1.tpu"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["sets"] == [{"index": 0, "inputs": [{"shape": [2, 8], "dtype": "int64"}], "file": "set-0.tpu"},
+                                {"index": 1, "inputs": [{"shape": [2, 12], "dtype": "int64"}], "file": "set-1.tpu"}]
+    run = _result(_worker("cache_targets:decoder_lengths", tmp_path / "cache", "--precompiled", str(folder)))
+    assert run["loaded"] == [True, True] and not run["warnings"], run["warnings"]
+    assert run["stats"]["xla_compiles"] == 0 and run["stats"]["dynamo_graphs"] == 0
+    assert run["stats"]["precompiled_loads"] == 2 and run["max_error"] < 1e-5
+
+
+def test_prewarm_refuses_precompile_for_a_deviceless_tpu(tmp_path):
+    out = _cli(tmp_path, "prewarm", "cache_targets:decoder_lengths", "--target", "tpu", "--topology", "v5e:2x2",
+               "--precompile", str(tmp_path / "artifacts"), ok=False)
+    assert out.returncode != 0
+    assert "--precompile cannot be used with --target tpu" in out.stderr
+    assert not (tmp_path / "artifacts").exists()
 
 
 def _libtpu_reason() -> str | None:
@@ -101,11 +148,14 @@ def _libtpu_reason() -> str | None:
 @pytest.mark.skipif(_libtpu_reason() is not None, reason=str(_libtpu_reason()))
 def test_deviceless_tpu_prewarm_of_a_transformer_block(tmp_path):
     out = _cli(tmp_path, "prewarm", "cache_targets:transformer_block", "--target", "tpu", "--topology", "v5e:2x2")
-    assert "2 input sets: 2 compiled, 0 already cached" in out.stdout
+    assert "2 input sets: 2 compiled, 0 already cached (first calls)" in out.stdout
+    # the in-order pass runs there too: set 1 after set 0 is Dynamo's automatic-dynamic graph
+    assert "in order in one process: 1 compiled, 1 already cached" in out.stdout
     rows = json.loads(_cli(tmp_path, "ls", "--json").stdout)
-    assert len(rows) == 2 and {r["platform"] for r in rows} == {"tpu"}
+    assert len(rows) == 3 and {r["platform"] for r in rows} == {"tpu"}
     assert all(r["target"] == "tpu TPU v5 lite x4" for r in rows)
     verified = _cli(tmp_path, "verify", "-v").stdout
-    assert verified.count("executable not loadable without a tpu") == 2 and "2 entries ok, 0 bad" in verified
+    assert verified.count("executable not loadable without a tpu") == 3 and "3 entries ok, 0 bad" in verified
     again = _cli(tmp_path, "prewarm", "cache_targets:transformer_block", "--target", "tpu", "--topology", "v5e:2x2")
-    assert "0 compiled, 2 already cached" in again.stdout
+    assert "0 compiled, 2 already cached (first calls); in order in one process: 0 compiled, 2 already" \
+        in again.stdout

@@ -66,13 +66,26 @@ def _add_cache(sub) -> None:
     explain.set_defaults(func=commands.explain)
     prewarm = csub.add_parser("prewarm", help="compile a model's example inputs into the cache",
                               description="TARGET is module:function returning (model, [input_tuple, ...]). "
-                                          "Each input set is compiled as torch.compile(model, backend='tpu') "
-                                          "would compile it in a fresh process (under torch.no_grad).")
+                                          "Two passes, under torch.no_grad: each input set is compiled as "
+                                          "torch.compile(model, backend='tpu') would compile it as a fresh "
+                                          "process's first call; then all sets are called in order through "
+                                          "one torch.compile in one process, as a server would, so the "
+                                          "graphs Dynamo makes after a shape change (automatic dynamic) are "
+                                          "cached too.")
     prewarm.add_argument("module_function", metavar="TARGET", help="module:function")
-    prewarm.add_argument("--jobs", type=int, default=1, help="parallel processes (default 1)")
+    prewarm.add_argument("--jobs", type=int, default=1,
+                         help="parallel processes for the first-call pass (default 1); the in-order pass is one")
     prewarm.add_argument("--target", choices=("local", "tpu"), default="local",
                          help="local: this process's platform; tpu: deviceless TPU compile (needs libtpu)")
     prewarm.add_argument("--topology", help="TPU topology for --target tpu, e.g. v5e:2x2")
+    prewarm.add_argument("--no-replay", dest="replay", action="store_false",
+                         help="skip the in-order pass (only each set as a fresh process's first call)")
+    prewarm.add_argument("--precompile", metavar="DIR",
+                         help="also write a precompiled artifact per input set, DIR/set-N.tpu "
+                              "(torchtpu.precompile.save), and DIR/manifest.json (index, input shapes, file); "
+                              "not with --target tpu: save compiles for this process's platform and a loaded "
+                              "artifact takes the loading process's executables, so write artifacts on the "
+                              "host (platform) that will load them")
     prewarm.add_argument("--worker", help=argparse.SUPPRESS)
     prewarm.set_defaults(func=commands.prewarm)
 

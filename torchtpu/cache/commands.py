@@ -137,12 +137,27 @@ def prewarm(args) -> int:
 
     if args.target == "tpu" and not args.topology:
         raise SystemExit("--target tpu needs --topology (e.g. v5e:2x2)")
+    if args.precompile and args.target == "tpu":
+        raise SystemExit("--precompile cannot be used with --target tpu: torchtpu.precompile.save compiles "
+                         "and records an artifact for this process's platform, not the deviceless TPU, and a "
+                         "loaded artifact takes its executables for the loading process's platform; write "
+                         "artifacts on the TPU host (prewarm --precompile DIR there)")
     worker = tuple(int(x) for x in args.worker.split("/")) if args.worker else None
     topology = args.topology if args.target == "tpu" else None
-    results = prewarming.run(args.module_function, args.jobs, topology, worker)
+    results = prewarming.run(args.module_function, args.jobs, topology, worker,
+                             replay_in_order=args.replay, precompile=args.precompile)
     if worker is None:
-        compiled = sum(r["status"] == "compiled" for r in results)
-        print(f"{len(results)} input sets: {compiled} compiled, {len(results) - compiled} already cached")
+        first = [r for r in results if r["phase"] == prewarming.FIRST]
+        in_order = [r for r in results if r["phase"] == prewarming.IN_ORDER]
+        compiled = sum(r["status"] == "compiled" for r in first)
+        line = f"{len(first)} input sets: {compiled} compiled, {len(first) - compiled} already cached (first calls)"
+        if in_order:
+            again = sum(r["status"] == "compiled" for r in in_order)
+            line += f"; in order in one process: {again} compiled, {len(in_order) - again} already cached"
+        if args.precompile:
+            written = sum("artifact" in r for r in first)
+            line += f"; {written} precompiled artifacts and {prewarming.MANIFEST} in {args.precompile}"
+        print(line)
     return 0
 
 
