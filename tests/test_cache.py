@@ -200,3 +200,20 @@ def test_cli_help_on_every_command():
         out = subprocess.run([sys.executable, "-m", "torchtpu.cli", *args, "--help"], capture_output=True,
                              text=True, timeout=120)
         assert out.returncode == 0 and "usage:" in out.stdout
+
+
+def test_a_cache_dir_others_can_write_is_not_used(tmp_path):
+    """An entry is machine code this process would run: a directory another user could have
+    written to is refused, with the reason; a private one is used."""
+    from torchtpu import paths
+    from torchtpu.cache import tiers
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    assert paths.untrusted(private) is None and tiers.trusted(private)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert "writable by other users" in paths.untrusted(shared)
+    assert not tiers.trusted(shared)
+    assert paths.untrusted(tmp_path / "absent") is None  # created private when first written

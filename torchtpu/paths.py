@@ -3,6 +3,7 @@
     user_cache_dir()   $XDG_CACHE_HOME/torchtpu, else ~/.cache/torchtpu
     default_root()     the compilation cache (and event log) directory: TORCHTPU_CACHE_DIR, else the above
     from_env(var, default)   a path variable that may say "off"
+    untrusted(path)    why a file or directory whose contents this process would run is not safe to use
 """
 from __future__ import annotations
 
@@ -29,3 +30,18 @@ def from_env(var: str, default: Callable[[], Path | None]) -> Path | None:
 def default_root() -> Path | None:
     """TORCHTPU_CACHE_DIR, else user_cache_dir(); None when "off"."""
     return from_env("TORCHTPU_CACHE_DIR", user_cache_dir)
+
+
+def untrusted(path: Path) -> str | None:
+    """Why `path` must not be loaded from (its contents are code this process would run): it is
+    owned by another user, or others can write to it; None when it is safe or does not exist yet.
+    Raises OSError when it cannot be examined."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    if st.st_uid not in (os.getuid(), 0):
+        return f"{path} is owned by another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by other users (mode {st.st_mode & 0o777:o})"
+    return None

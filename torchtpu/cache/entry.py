@@ -13,8 +13,7 @@ import math
 
 from torchtpu.cache import versions
 from torchtpu.cache.canonical import Unkeyable
-from torchtpu.compiler.lower import OutputSlot
-from torchtpu.runtime.executable import ProgramLayout
+from torchtpu.layout import OutputSlot, ProgramLayout
 
 META = "meta.json"
 USAGE = "usage.json"  # last used and hit count: rewritten on hits, so kept out of the checksummed file

@@ -6,11 +6,10 @@ recorded in the compile-event log. Problems with the directory are warnings, nev
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 
-from torchtpu import counters, events
+from torchtpu import counters, events, paths
 from torchtpu.cache import entry as entries
 from torchtpu.cache import key as keys
 from torchtpu.cache import program as programs
@@ -20,7 +19,8 @@ from torchtpu.cache.memory import MemoryTier
 from torchtpu.cache.store import DiskStore
 from torchtpu.cache.warn import log, warn_once
 from torchtpu.paths import default_root
-from torchtpu.runtime.executable import Executable, ProgramLayout
+from torchtpu.layout import ProgramLayout
+from torchtpu.runtime.executable import Executable
 from torchtpu.runtime.target import Target
 
 MEMORY = MemoryTier()
@@ -42,15 +42,12 @@ def trusted(root: Path) -> bool:
     """Loading an executable runs its machine code: only a directory that no one but this user
     (or root) can write to is used."""
     try:
-        st = root.stat()
-    except FileNotFoundError:
-        return True  # we create it, private
+        why = paths.untrusted(root)
     except OSError as exc:
         warn_once("read", f"cannot stat {root} ({exc}); the disk cache is off")
         return False
-    if st.st_uid not in (os.getuid(), 0) or st.st_mode & 0o022:
-        warn_once("untrusted", f"{root} is writable by other users or owned by another user; the disk "
-                               "cache is off (an entry is machine code this process would run)")
+    if why is not None:
+        warn_once("untrusted", f"{why}; the disk cache is off (an entry is machine code this process would run)")
         return False
     return True
 

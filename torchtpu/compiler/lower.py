@@ -19,16 +19,7 @@ from torchtpu.compiler.context import LowerCtx, RngState
 from torchtpu.compiler.errors import LoweringError, user_source_line, write_reproducer
 from torchtpu.compiler.padding import Padding
 from torchtpu.compiler.spec import TensorSpec, contiguous_stride
-
-
-@dataclasses.dataclass
-class OutputSlot:
-    """How one graph output is rebuilt as a torch value after the program ran."""
-
-    kind: str  # "tensor" (index into the program's results), "value" (a Python value), "none"
-    index: int = -1
-    value: Any = None
-    stride: tuple[int, ...] | None = None  # torch's stride when it is not the contiguous one
+from torchtpu.layout import OutputSlot
 
 
 @dataclasses.dataclass

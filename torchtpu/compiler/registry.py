@@ -22,6 +22,14 @@ Rule = Callable[..., object]
 _RULES: dict[torch._ops.OpOverload, Rule] = {}
 _NAMED: dict[str, Rule] = {}  # other libraries' overloads, by str(overload)
 _RANDOM: set[torch._ops.OpOverload] = set()
+_loaded = False  # the rule modules register on import, which the first lookup triggers
+
+
+def _load_rules() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        import torchtpu.compiler.rules  # noqa: F401  (each rule module registers its rules)
 
 
 class DuplicateRuleError(RuntimeError):
@@ -68,6 +76,7 @@ def op(*targets, random: bool = False) -> Callable[[Rule], Rule]:
 
 
 def lookup(target) -> Rule | None:
+    _load_rules()
     rule = _RULES.get(target)
     if rule is None and isinstance(target, torch._ops.OpOverload):
         rule = _NAMED.get(str(target))
@@ -75,9 +84,11 @@ def lookup(target) -> Rule | None:
 
 
 def is_random(target) -> bool:
+    _load_rules()
     return target in _RANDOM
 
 
 def registered() -> dict[torch._ops.OpOverload, Rule]:
     """A copy of the registry, for tests and coverage reports."""
+    _load_rules()
     return dict(_RULES)

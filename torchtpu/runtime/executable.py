@@ -14,8 +14,8 @@ import torch
 from jax.extend import backend as jax_backend
 
 from torchtpu.compiler import checks
-from torchtpu.compiler.lower import OutputSlot
 from torchtpu.compiler.spec import spec_of
+from torchtpu.layout import ProgramLayout
 from torchtpu.runtime import residency, transfer
 
 
@@ -27,15 +27,19 @@ class CompiledGraph:
         name: the graph's name in logs and dumps.
         resident: argument positions of parameters and buffers.
         gm: the graph as lowered, to name the node of a failed run-time check.
+        load_graph: where there is no `gm` yet (a runner rebuilt from the cache alone), a
+            function that produces it, called only to name such a node.
     """
 
     _boxed_call = True  # AOTAutograd hands us the argument list and lets us clear it
 
     def __init__(self, build: Callable, name: str, resident: frozenset[int] = frozenset(),
-                 gm: torch.fx.GraphModule | None = None):
+                 gm: torch.fx.GraphModule | None = None,
+                 load_graph: Callable[[], torch.fx.GraphModule] | None = None):
         self._build = build
         self.name = name
         self.gm = gm
+        self._load_graph = load_graph
         self.resident = resident  # argument positions of parameters and buffers
         self._executables: dict[tuple, "Executable"] = {}
         self._only: Executable | None = None
@@ -58,6 +62,17 @@ class CompiledGraph:
         self.executable_for(spec)
         self._fixed = spec
 
+    @property
+    def fixed_signature(self) -> tuple | None:
+        """The one signature of a graph with static inputs (None for a symbolic graph)."""
+        return self._fixed
+
+    def preload(self, spec: tuple, exe: "Executable") -> None:
+        """Makes `exe` the executable of the static signature `spec` (a precompiled graph's,
+        found in the cache)."""
+        self._executables[spec] = exe
+        self._fixed = spec
+
     def __call__(self, args: list):
         exe = self._only
         if exe is None:
@@ -73,26 +88,10 @@ class CompiledGraph:
     def _node_at(self, position: int) -> torch.fx.Node | None:
         """This graph's node at a check's position (a cached program may come from another graph
         of the same canonical text: the position is what the key fixed, not the node's name)."""
+        if self.gm is None and self._load_graph is not None:
+            self.gm = self._load_graph()
         nodes = list(self.gm.graph.nodes) if self.gm is not None else []
         return nodes[position] if position < len(nodes) else None
-
-
-@dataclasses.dataclass
-class ProgramLayout:
-    """How torch arguments map onto the program's parameters and its results back onto outputs.
-
-    Known only after tracing; the cache stores it next to the executable.
-    """
-
-    tensor_inputs: list[int]  # positions of tensor arguments, in parameter order
-    uses_rng: bool  # a PRNG key is parameter 0
-    outputs: list[OutputSlot]
-    checks: list[dict] = dataclasses.field(default_factory=list)  # when any: the last result is their flag
-
-    @classmethod
-    def of(cls, program) -> "ProgramLayout":
-        return cls(list(program.tensor_inputs), bool(program.uses_rng), list(program.outputs),
-                   list(program.checks))
 
 
 class NotRunnableHere(RuntimeError):

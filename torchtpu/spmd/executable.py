@@ -17,7 +17,8 @@ from torchtpu import events
 from torchtpu.compiler import checks
 from torchtpu.compiler.spec import TensorSpec
 from torchtpu.runtime import transfer
-from torchtpu.runtime.executable import NotRunnableHere, ProgramLayout, torch_outputs
+from torchtpu.layout import ProgramLayout
+from torchtpu.runtime.executable import NotRunnableHere, torch_outputs
 from torchtpu.spmd.placement import Placement, gather, put_input
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")

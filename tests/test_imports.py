@@ -1,0 +1,81 @@
+"""The package's import structure: no import circles, and a light top-level import."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "torchtpu"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the torchtpu modules its top-level imports load (a submodule's import loads
+    its parent packages too, as Python does)."""
+    names = {}
+    for path in ROOT.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
+        names[name] = path
+    graph = {}
+    for name, path in names.items():
+        deps = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torchtpu"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    deps.add(full if full in names else node.module)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith("torchtpu"))
+        closed = {".".join(d.split(".")[:k]) for d in deps for k in range(2, len(d.split(".")) + 1)}
+        graph[name] = {d for d in closed if d in names and d != name and not name.startswith(d + ".")}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    graph = _module_graph()
+    assert len(graph) > 50
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_importing_torchtpu_loads_neither_jax_nor_the_compiler():
+    code = ("import sys, torchtpu; bad = [m for m in ('jax', 'torchtpu.compiler.driver', 'torchtpu.cache.tiers') "
+            "if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
