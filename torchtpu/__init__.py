@@ -2,6 +2,7 @@
 
     model = torch.compile(model, backend="tpu", fullgraph=True)
 """
+from torchtpu import precompile  # noqa: F401  (light: its API loads on first use)
 from torchtpu.counters import reset_stats, stats
 
 __version__ = "0.1.0"
@@ -17,4 +18,4 @@ def export(fn_or_module, *example_args, platforms=("cpu", "tpu"), **example_kwar
     return _export(fn_or_module, *example_args, platforms=platforms, **example_kwargs)
 
 
-__all__ = ["export", "stats", "reset_stats", "__version__"]
+__all__ = ["export", "precompile", "stats", "reset_stats", "__version__"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
@@ -15,6 +16,8 @@ from torchtpu import counters, events, recompile_limit, spmd
 from torchtpu.compiler.decompositions import decomposition_table
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.options import Options
+from torchtpu.precompile.output_code import CachedSignature, TpuOutputCode
+from torchtpu.precompile.saved_graph import SavedGraph
 from torchtpu.runtime import lean
 from torchtpu.runtime.executable import CompiledGraph
 
@@ -35,13 +38,27 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
     events.record("graph", compile_id=_compile_id(), source=_source(gm), inputs=_describe(example_inputs),
                   ops=sum(n.op == "call_function" for n in gm.graph.nodes), options=opts.key_items(),
                   automatic_dynamic=torch._dynamo.config.automatic_dynamic_shapes)
+    if precompiling():  # torch's aot_compile or caching precompile: AOTAutograd's result serializes
+        return _compile(gm, example_inputs, opts, serializable=True)
     last = recompile_limit.last_compile()  # None unless Dynamo's limit refuses this frame's next compile
     compiled = _compile(gm, example_inputs, opts)
     return compiled if last is None else recompile_limit.arm_on_first_call(last, compiled)
 
 
-def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options):
-    """AOTAutograd's graphs through compile_graph; the direct call path where nothing needs its wrapper."""
+def precompiling() -> bool:
+    """True while torch's precompile path compiles (aot_compile, or Dynamo's caching precompile):
+    it bundles each graph into its artifact."""
+    return bool(torch._functorch.config.bundled_autograd_cache or torch._dynamo.config.caching_precompile)
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options, serializable: bool = False):
+    """AOTAutograd's graphs through compile_graph; the direct call path where nothing needs its wrapper.
+
+    With `serializable`, each graph comes back as a TpuOutputCode and AOTAutograd's own result is
+    returned (it carries them into torch's precompiled artifact)."""
+    if serializable and opts.mesh is not None:
+        raise NotImplementedError("torchtpu: a program over a device mesh cannot be precompiled yet "
+                                  "(its sharded executables have no cache format): compile it in process")
     # with a mesh, parameters are sharded by name: find which graph inputs they are
     spmd_inputs = spmd.graph_inputs(gm, opts.tp_plan) if opts.mesh is not None else None
 
@@ -51,7 +68,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options):
         def compile_fn(aten_gm, aten_inputs):
             counters.bump("aot_graphs")
             meta = _fw_metadata()
-            resident = frozenset(meta.static_input_indices) if meta and name != "backward" else frozenset()
+            resident = _resident(meta, name)
             runner = compile_graph(aten_gm, aten_inputs, opts, name=name, spmd_inputs=spmd_inputs,
                                    resident=resident)
             if name == "forward" and meta is not None and isinstance(runner, CompiledGraph):
@@ -59,7 +76,16 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options):
             if name == "inference":
                 inference.update(runner=runner, meta=meta, inputs=len(aten_gm.graph.find_nodes(op="placeholder")))
             return runner
-        return compile_fn
+
+        if not serializable:
+            return compile_fn
+
+        def output_code_fn(aten_gm, aten_inputs):
+            saved = SavedGraph.of(aten_gm, aten_inputs)  # before the passes change the graph
+            runner = compile_fn(aten_gm, aten_inputs)
+            return TpuOutputCode(saved, opts, name, _resident(_fw_metadata(), name),
+                                 getattr(runner, "dense_outputs_from", None), CachedSignature.of(runner), runner)
+        return SerializableAOTDispatchCompiler(TpuOutputCode, output_code_fn)
 
     wrapped = aot_module_simplified(
         gm,
@@ -70,13 +96,18 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options):
         decompositions=decomposition_table(),
         partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
     )
-    if not inference:
+    if not inference or serializable:
         return wrapped
     why = lean.needs_wrapper(inference["meta"], gm, inference["inputs"], example_inputs)
     if why is not None:
         events.record("call_path", graph=inference["runner"].name, path="aot_autograd", reason=why)
         return wrapped
     return lean.direct(inference["runner"], inference["runner"].name)
+
+
+def _resident(meta, name: str) -> frozenset[int]:
+    """Positions of the parameters and buffers among a forward or inference graph's inputs."""
+    return frozenset(meta.static_input_indices) if meta and name != "backward" else frozenset()
 
 
 def _fw_metadata():

@@ -49,16 +49,25 @@ def key_for(gm: torch.fx.GraphModule, spec: tuple, options, target: Target) -> C
     Raises:
         Unkeyable: some part cannot be keyed reliably (the caller bypasses the cache).
     """
+    return with_environment(graph_parts(gm, spec), options, target)
+
+
+def graph_parts(gm: torch.fx.GraphModule, spec: tuple) -> tuple[KeyPart, ...]:
+    """The parts of a key the graph and its signature fix (a precompiled artifact keeps them)."""
+    graph = _graph_text(gm)
+    ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    return (_part("format", str(versions.FORMAT_VERSION)), _part("graph", graph, f"{ops} ops"),
+            _part("inputs", input_specs(spec)))
+
+
+def with_environment(graph: tuple[KeyPart, ...], options, target: Target) -> CacheKey:
+    """A key from its graph parts and this process's options, target, host, flags and versions."""
     if getattr(options, "mesh", None) is not None:
         # the runtime of a sharded program (jax's Compiled, its shardings) has no cache format yet
         raise Unkeyable(f"sharded program (mesh {dict(options.mesh)}): not cached")
-    graph = _graph_text(gm)
-    ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     libs = versions.libraries()
     parts = [
-        _part("format", str(versions.FORMAT_VERSION)),
-        _part("graph", graph, f"{ops} ops"),
-        _part("inputs", input_specs(spec)),
+        *graph,
         _part("options", repr(options.key_items())),
         _part("float32_matmul_precision", torch.get_float32_matmul_precision()),
         _part("target", f"{target.platform} {target.device_kind} x{target.device_count}"),
