@@ -77,7 +77,9 @@ class TpuOutputCode(OutputCode):
         self._compiled = None
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
-        if self.runner is None:
+        # a backward graph loads at its first call: the first result (the forward's) waits for
+        # one executable, and a process that only runs inference never loads the other
+        if self.runner is None and self.kind != "backward":
             self.rebuild()
 
     def set_triton_bundle(self, triton_bundle) -> None:
