@@ -24,3 +24,14 @@ class MLP(torch.nn.Module):
 
     def forward(self, x):
         return self.down(torch.relu(self.up(x)))
+
+
+class Scaled(MLP):
+    """An MLP whose output scale is a plain Python setting (as a model config's values are)."""
+
+    def __init__(self, scale=2.0):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return super().forward(x) * self.scale

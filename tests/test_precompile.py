@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import torchtpu
-from precompile_models import MLP, llama, loss_fn
+from precompile_models import MLP, Scaled, llama, loss_fn
 from torchtpu.precompile.artifact import Artifact
 
 HERE = Path(__file__).parent
@@ -124,6 +124,18 @@ def test_inputs_outside_the_guards_compile_with_one_warning(mlp_artifact):
             model.float()
     said = [str(w.message) for w in caught if "torchtpu" in str(w.message)]
     assert len(said) == 1 and "miss the artifact's guards" in said[0]
+
+
+def test_a_changed_model_setting_misses_the_guards_and_compiles(tmp_path):
+    model, x = Scaled(2.0), torch.randn(3, 8)
+    path = torchtpu.precompile.save(model, (x,), tmp_path / "scaled.tpu")
+    model.scale = 3.0  # same class and parameters: only the guards can tell
+    run, said = _load_warning(path, model)
+    assert run.loaded and said == []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(run(x), model(x))
+    assert any("miss the artifact's guards" in str(w.message) for w in caught)
 
 
 def test_another_model_is_refused(mlp_artifact):
