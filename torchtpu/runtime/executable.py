@@ -179,6 +179,25 @@ class Executable:
             return torch_outputs(layout, lambda i: transfer.from_cpu_buffer(results[i][0]), dense_from)
         return torch_outputs(layout, lambda i: transfer.to_torch(results[i][0], like), dense_from)
 
+    def run_arrays(self, arrays: list, rng_key=None) -> list:
+        """Runs on device arrays already on this executable's device; returns the program's
+        results as device arrays (the eager device's path: no torch tensors, no host copies).
+
+        Args:
+            arrays: one array per tensor input, in parameter order (layout.tensor_inputs).
+            rng_key: the PRNG key when layout.uses_rng; None draws one from torch's default
+                generator, as `run` does.
+        """
+        if self._execute is None:
+            raise NotRunnableHere(f"this executable was compiled for {self.device} without one attached")
+        if self.layout.uses_rng:
+            key = rng_key if rng_key is not None else jax.device_put(transfer.random_key(), self.device)
+            arrays = [key, *arrays]
+        results = [r[0] for r in self._execute(arrays).disassemble_into_single_device_arrays()]
+        if self.layout.checks:  # a host sync of one int32, as in `run`
+            checks.raise_if_failed(self.layout.checks, transfer.scalar(results.pop()))
+        return results
+
 
 def torch_outputs(layout: ProgramLayout, tensor_at: Callable[[int], torch.Tensor],
                   dense_from: int | None = None) -> list:
