@@ -1,0 +1,300 @@
+"""The program of one OpCall: an ATen FX graph over the call's storages, as compile_graph takes it.
+
+The op is traced the way AOTAutograd traces a model: make_fx over fake inputs, functionalized,
+with the compiler's decomposition table, so a rule serves eager ops and compiled graphs alike
+and ops without a rule go through the same decompositions. The traced function takes each
+storage as a flat 1-d input, rebuilds the arguments as views of them (slice/view, or as_strided),
+calls the op, and returns each new result flattened in torch's memory order; functionalization
+turns writes through views into scatters onto the flat storages (slice_scatter,
+as_strided_scatter), whose new values become extra outputs.
+
+A runtime number (call.py: `x * 0.9`, `add(x, y, alpha=lr)`, `addcdiv(..., value=-step)`) is
+traced as a Python number, twice, with two sentinel values, so the traced dtypes are torch's for
+a wrapped number; then each sentinel is replaced by a 0-d input where it lands: a Tensor
+argument takes it as is (the rule computes in at least that input's dtype, the lowering casts
+to torch's result dtype), `alpha` of add/sub becomes a mul. Where a sentinel lands anywhere
+else, or the two traces differ elsewhere (a decomposition computed with the value), the
+value is baked in: ScalarBaked, and the caller traces again with the number as a constant.
+
+An op whose result must reach the host, a Python value or an output shape that depends on
+the data (nonzero, masked_select, unique, equal), raises HostOnly: strict.py runs it on a CPU
+copy of its arguments.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                           FakeTensorMode)
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torchtpu.compiler.decompositions import decomposition_table
+from torchtpu.device.call import DEVICE, SCALAR, TENSOR, OpCall, kind_of, schema_of
+from torchtpu.device.storage import contiguous_stride
+
+aten = torch.ops.aten
+_SENTINELS = ((1.2345678901234567e-7, 7919), (7.654321098765432e-9, 7907))  # (float, int) per trace
+_ALPHA_OPS = {aten.add.Tensor: aten.add.Tensor, aten.sub.Tensor: aten.sub.Tensor}
+
+
+class ScalarBaked(Exception):
+    """A runtime number cannot be an input of this op's program: trace it as a constant."""
+
+
+class HostOnly(Exception):
+    """The op's result needs the host (a Python value, a data-dependent shape)."""
+
+
+@dataclasses.dataclass
+class Plan:
+    """How one program's results become the op's return values.
+
+    Attributes:
+        returns: per schema return: ("fresh", result, size, stride, dtype), ("arg", position)
+            (an in-place self or an out= written in place), ("resized", position, result, size,
+            stride, dtype) (an out= tensor pointed at a new storage), ("list", [...]) or None.
+        mutated: (storage index, result index) per storage the op wrote.
+    """
+
+    returns: list
+    mutated: list
+
+
+def op_graph(call: OpCall) -> tuple[torch.fx.GraphModule, list, Plan]:
+    """The FX graph of `call`, its fake example inputs (storages, then runtime scalars) and Plan."""
+    schema = schema_of(call.op)
+    if not schema.tensor_returns:
+        raise HostOnly(f"{call.op} returns a Python value")
+    if schema.returns_view:
+        raise NotImplementedError(f"{call.op} is a view op with no tpu kernel yet (torchtpu/device/kernels.py "
+                                  f"registers the view ops it supports)")
+    fake_mode = FakeTensorMode()
+    with fake_mode:
+        bases = [torch.empty((numel,), dtype=dtype) for numel, dtype in call.key[1]]
+        scalars = [torch.empty((), dtype=m[2]) for m in scalar_markers(call.template)]
+    numbers = [m for m in scalar_markers(call.template) if m[3] == "number"]
+    try:
+        resized = _resized_outs(call, bases, scalars, fake_mode)
+        if not numbers:
+            gm, plan = _trace(call, bases, scalars, resized, fake_mode, None)
+            return gm, bases + scalars, plan
+        traced = []
+        for floats, ints in _SENTINELS:
+            values = {m[1]: (floats if m[2].is_floating_point else ints) * (1 + m[1]) for m in numbers}
+            gm, plan = _trace(call, bases, scalars, resized, fake_mode, values)
+            _lift(gm, values, len(bases), fake_mode)
+            traced.append((gm, plan))
+    except (DynamicOutputShapeException, DataDependentOutputException) as e:
+        raise HostOnly(f"{call.op} has an output shape that depends on the data") from e
+    except (HostOnly, NotImplementedError):
+        raise
+    except Exception as e:  # noqa: BLE001 — the sentinels may be what failed: try the real values
+        if not numbers:
+            raise
+        raise ScalarBaked(f"{call.op}: {type(e).__name__}: {e}") from e
+    if traced[0][0].code != traced[1][0].code:
+        raise ScalarBaked(f"{call.op}: its graph depends on a number's value")
+    return traced[0][0], bases + scalars, traced[0][1]
+
+
+def scalar_markers(template) -> list[tuple]:
+    """The template's Scalar markers in input order."""
+    out = []
+
+    def walk(t):
+        if isinstance(t, tuple) and t:
+            if t[0] is SCALAR:
+                out.append(t)
+            elif t[0] is not TENSOR:
+                for x in t:
+                    walk(x)
+
+    walk(template)
+    return sorted(out, key=lambda m: m[1])
+
+
+def _decode(t, bases, scalars, sentinels):
+    if isinstance(t, tuple) and t:
+        head = t[0]
+        if head is TENSOR:
+            _, i, dtype, size, stride, offset = t
+            if bases[i].dtype != dtype:
+                raise NotImplementedError(f"a {dtype} view of a {bases[i].dtype} tpu storage (Tensor.view(dtype)) "
+                                          "cannot be computed on yet")
+            return _view_of(bases[i], size, stride, offset)
+        if head is SCALAR:
+            return sentinels[t[1]] if t[3] == "number" else scalars[t[1]]
+        if len(t) == 2 and head in (int, float, bool, complex):
+            return t[1]
+        return [_decode(x, bases, scalars, sentinels) for x in t]
+    if t is DEVICE:
+        return torch.device("cpu")
+    return t
+
+
+def _contiguous(size, stride) -> bool:
+    return all(st == want for n, st, want in zip(size, stride, contiguous_stride(size)) if n != 1)
+
+
+def _view_of(base, size, stride, offset):
+    numel = math.prod(size)
+    if _contiguous(size, stride):
+        if offset == 0 and numel == base.shape[0]:
+            return base.view(size)
+        return base[offset:offset + numel].view(size)
+    return base.as_strided(size, stride, offset)
+
+
+def _call_args(call: OpCall, decoded: list):
+    schema = schema_of(call.op)
+    args, kwargs = [], {}
+    for a, v in zip(schema.args, decoded):
+        if a.kwarg_only:
+            kwargs[a.name] = v
+        else:
+            args.append(v)
+    return args, kwargs
+
+
+def _resized_outs(call, bases, scalars, fake_mode) -> dict[int, tuple]:
+    """out= arguments whose shape the op changes (torch resizes them): position -> (size, stride)."""
+    schema = schema_of(call.op)
+    outs = [i for i, a in enumerate(schema.args) if a.is_out and a.kind == "tensor"]
+    if not outs:
+        return {}
+    sentinels = {m[1]: 1 for m in scalar_markers(call.template)}
+    with fake_mode:
+        decoded = [_decode(t, bases, scalars, sentinels) for t in call.template]
+        given = {i: tuple(decoded[i].shape) for i in outs}
+        args, kwargs = _call_args(call, decoded)
+        call.op(*args, **kwargs)
+    return {i: (tuple(decoded[i].shape), decoded[i].stride()) for i in outs if tuple(decoded[i].shape) != given[i]}
+
+
+def _flat(r):
+    """A result flattened in torch's memory order for it, and the size/stride that reads it back."""
+    size, stride = tuple(r.shape), tuple(r.stride())
+    if r.dim() > 1 and is_non_overlapping_and_dense(r) and not _contiguous(size, stride):
+        order = sorted(range(r.dim()), key=lambda d: -stride[d])
+        return r.permute(order).reshape(-1), size, stride
+    return r.reshape(-1), size, tuple(contiguous_stride(size))
+
+
+def _trace(call, bases, scalars, resized, fake_mode, sentinels):
+    schema = schema_of(call.op)
+    plan = Plan([], [])
+
+    def fn(*inputs):
+        bs, sc = inputs[:len(bases)], inputs[len(bases):]
+        decoded = [_decode(t, bs, sc, sentinels or {}) for t in call.template]
+        for i, (size, stride) in resized.items():
+            decoded[i] = torch.empty_strided(size, stride, dtype=decoded[i].dtype)
+        args, kwargs = _call_args(call, decoded)
+        out = call.op(*args, **kwargs)
+        out = out if isinstance(out, tuple) else (out,)
+        results: list = []
+        plan.returns[:] = [_plan_return(r, alias, resized, results) for r, alias in zip(out, schema.returns_alias)]
+        return tuple(results)
+
+    with fake_mode:
+        gm = make_fx(torch.func.functionalize(fn), decomposition_table=decomposition_table())(*bases, *scalars)
+    plan.mutated = _mutations_to_outputs(gm, len(bases))
+    return gm, plan
+
+
+def _plan_return(r, alias, resized, results):
+    if r is None:
+        return None
+    if isinstance(r, (list, tuple)):
+        return ("list", [_plan_return(x, None, resized, results) for x in r])
+    if alias is not None and alias not in resized:
+        return ("arg", alias)
+    flat, size, stride = _flat(r)
+    results.append(flat)
+    if alias is not None:
+        return ("resized", alias, len(results) - 1, size, stride, r.dtype)
+    return ("fresh", len(results) - 1, size, stride, r.dtype)
+
+
+def _mutations_to_outputs(gm: torch.fx.GraphModule, n_storages: int) -> list[tuple[int, int]]:
+    """Functionalization ends the graph with copy_(storage, new value) per written storage: those
+    become outputs (the runtime swaps the storage's array), the copies go."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    output = next(n for n in graph.nodes if n.op == "output")
+    results = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    mutated = []
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is aten.copy_.default and node.args[0] in placeholders:
+            index = placeholders.index(node.args[0])
+            if index >= n_storages:
+                raise NotImplementedError("an op wrote to a 0-d CPU tensor argument")
+            mutated.append((index, len(results)))
+            results.append(node.args[1])
+            graph.erase_node(node)
+    output.args = (tuple(results),)
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+            raise NotImplementedError(f"tracing {node.target} left a mutation in its graph; not supported yet")
+    graph.eliminate_dead_code()
+    gm.recompile()
+    return mutated
+
+
+def _lift(gm: torch.fx.GraphModule, sentinels: dict[int, float], n_storages: int, fake_mode) -> None:
+    """Replaces each sentinel value in the graph by its scalar's placeholder (ScalarBaked when a
+    value lands where no tensor can stand)."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    by_value = {v: placeholders[n_storages + k] for k, v in sentinels.items()}
+    found = set()
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        arguments = node.target._schema.arguments
+        new_args = list(node.args)
+        for i, a in enumerate(node.args):
+            if _is_number(a) and a in by_value:
+                if _kind_at(arguments, i) != "tensor":
+                    raise ScalarBaked(str(node.target))
+                new_args[i] = by_value[a]
+                found.add(a)
+        new_kwargs = dict(node.kwargs)
+        for name, a in node.kwargs.items():
+            if _is_number(a) and a in by_value:
+                if name == "alpha" and node.target in _ALPHA_OPS:
+                    _alpha_to_mul(graph, node, new_args, new_kwargs, by_value[a], fake_mode)
+                elif _kind_named(arguments, name) == "tensor":
+                    new_kwargs[name] = by_value[a]
+                else:
+                    raise ScalarBaked(str(node.target))
+                found.add(a)
+        node.args, node.kwargs = tuple(new_args), new_kwargs
+    if set(sentinels.values()) - found:
+        raise ScalarBaked("a Scalar argument's value is not in the traced graph")
+    gm.recompile()
+
+
+def _is_number(a) -> bool:
+    return a.__class__ is float or a.__class__ is int
+
+
+def _alpha_to_mul(graph, node, args, kwargs, scalar_node, fake_mode):
+    """add(x, y, alpha=s) -> add(x, mul(y, s)): alpha is a Scalar, mul takes a 0-d tensor."""
+    with graph.inserting_before(node):
+        scaled = graph.call_function(aten.mul.Tensor, (args[1], scalar_node))
+    with fake_mode:
+        scaled.meta["val"] = aten.mul.Tensor(args[1].meta["val"], scalar_node.meta["val"])
+    args[1] = scaled
+    del kwargs["alpha"]
+
+
+def _kind_at(arguments, i) -> str:
+    return kind_of(arguments[i].type) if i < len(arguments) else "other"
+
+
+def _kind_named(arguments, name) -> str:
+    return next((kind_of(a.type) for a in arguments if a.name == name), "other")

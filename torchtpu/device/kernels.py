@@ -1,0 +1,180 @@
+"""The tpu device's kernels, registered with torch.library for the PrivateUse1 key.
+
+Three kinds:
+  - memory and metadata: empty, empty_strided, set_, resize_ and the view ops whose CPU kernels
+    only compute size/stride/offset (as_strided, view, _reshape_alias, unfold); torch's
+    composite view ops (t, transpose, slice, select, expand, permute, ...) reduce to these;
+  - transfers: _copy_from (host <-> device, and device copies), _local_scalar_dense (.item());
+  - everything else: one program per op signature (strict.py), through the fallback for the
+    PrivateUse1 key, and directly for the ops torch would otherwise run as several kernel
+    calls: factories (empty + an in-place fill: randn, zeros, full, arange, ...) and the
+    structured ops (empty + resize_ + the out= variant: add, mul, mm, ... ~440 overloads).
+
+Nothing here imports JAX: the runtime starts with the first transfer or program.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from torchtpu.device import storage
+from torchtpu.device.storage import DeviceStorage, contiguous_stride, storage_numel
+
+aten = torch.ops.aten
+KEY = "PrivateUse1"
+VIEWS = (aten.as_strided.default, aten.view.default, aten._reshape_alias.default, aten.unfold.default)
+FACTORIES = (aten.randn.default, aten.rand.default, aten.randint.default, aten.randint.low,
+             aten.randperm.default, aten.zeros.default, aten.ones.default, aten.full.default,
+             aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default)
+_libraries: list = []  # torch.library registrations live as long as their Library objects
+
+
+def register() -> None:
+    lib = torch.library.Library("aten", "IMPL")
+    for op in VIEWS:
+        lib.impl(op, storage.metadata_view(op), KEY)
+    for op in FACTORIES:
+        lib.impl(op, functools.partial(_run, op), KEY)
+    for name in _structured():
+        lib.impl(name, _Structured(name), KEY)
+    for name, kernel in [("empty.memory_format", _empty), ("empty_strided", _empty_strided),
+                         ("set_.source_Storage_storage_offset", _set_storage),
+                         ("set_.source_Storage", _set_whole_storage), ("set_.source_Tensor", _set_tensor),
+                         ("set_", _set_empty), ("resize_", _resize),
+                         ("_copy_from", _copy_from), ("_copy_from_and_resize", _copy_from_and_resize),
+                         ("_local_scalar_dense", _item)]:
+        lib.impl(name, kernel, KEY)
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(_fallback, KEY)
+    _libraries.extend([lib, fallback])
+
+
+def _run(op, *args, **kwargs):
+    from torchtpu.device import strict
+
+    return strict.run(op, args, kwargs)
+
+
+def _structured() -> list[str]:
+    """The overloads whose kernel for this key would be torch's CompositeExplicitAutograd-
+    NonFunctional one (a structured op's functional or in-place form run through its out= form)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return [name[len("aten::"):] for name in torch._C._dispatch_get_all_op_names()
+            if name.startswith("aten::") and has(name, "CompositeExplicitAutogradNonFunctional")
+            and not has(name, KEY)]
+
+
+class _Structured:
+    """A kernel for one structured overload; its OpOverload is looked up at the first call
+    (resolving ~440 of them at import would cost more than registering them)."""
+
+    __slots__ = ("name", "op")
+
+    def __init__(self, name: str):
+        self.name, self.op = name, None
+
+    def __call__(self, *args, **kwargs):
+        from torchtpu.device import strict
+
+        if self.op is None:
+            base, _, overload = self.name.partition(".")
+            self.op = getattr(getattr(aten, base), overload or "default")
+        return strict.run(self.op, args, kwargs)
+
+
+def _fallback(op, *args, **kwargs):
+    from torchtpu.device import strict
+
+    return strict.run(op, args, kwargs)
+
+
+# --- memory and metadata -----------------------------------------------------------------------
+
+
+def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        stride = torch.empty(size, memory_format=memory_format, device="meta").stride()
+        return storage.empty(size, stride, dtype)
+    return storage.empty(size, None, dtype)
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return storage.empty(size, stride, dtype)
+
+
+def _set_storage(self, source, storage_offset=0, size=(), stride=()):
+    stride = list(stride) if len(stride) else contiguous_stride(size)
+    return storage.set_storage(self, source, storage_offset, size, stride)
+
+
+def _set_whole_storage(self, source):
+    n = source.nbytes() // self.dtype.itemsize
+    return storage.set_storage(self, source, 0, [n], [1])
+
+
+def _set_tensor(self, source):
+    return storage.set_storage(self, source.untyped_storage(), source.storage_offset(), source.shape,
+                               source.stride())
+
+
+def _set_empty(self):
+    return storage.point(self, DeviceStorage(0, self.dtype), [0])
+
+
+def _resize(self, size, memory_format=None):
+    size = [int(s) for s in size]
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        stride = contiguous_stride(size)
+    else:
+        stride = list(torch.empty(size, memory_format=memory_format, device="meta").stride())
+    offset, old = self.storage_offset(), storage.storage_of(self)
+    needed = offset + storage_numel(size, stride)
+    if needed <= old.numel:
+        return storage.set_storage(self, self.untyped_storage(), offset, size, stride)
+    new = DeviceStorage(needed, old.dtype)
+    if old.array is not None and old.numel:  # torch keeps the old elements: rare, through the host
+        from torchtpu.device import transfer
+
+        kept = transfer.download(old.array)
+        new.array = transfer.upload(torch.cat([kept, torch.zeros(needed - old.numel, dtype=old.dtype)]))
+    return storage.point(self, new, size, stride, offset)
+
+
+# --- transfers ---------------------------------------------------------------------------------
+
+
+def _on_device(t: torch.Tensor) -> bool:
+    return t.device.type == storage.device_name()
+
+
+def _copy_from(src, dst, non_blocking=False):
+    from torchtpu.device import strict, transfer
+
+    if _on_device(src) and _on_device(dst):
+        strict.run(aten.copy_.default, (dst, src), {})
+    elif _on_device(dst):
+        src = src.detach().cpu()
+        target = storage.storage_of(dst)
+        whole = (dst.dtype == target.dtype and dst.storage_offset() == 0 and dst.numel() == target.numel
+                 and dst.is_contiguous() and tuple(src.shape) == tuple(dst.shape))
+        if whole:  # the upload is the storage's new value
+            target.array = transfer.upload(src.to(dst.dtype))
+        else:  # a part of the storage, a broadcast or a cast: a device copy_ from the uploaded values
+            values = storage.wrap(DeviceStorage(src.numel(), src.dtype, transfer.upload(src)), src.shape)
+            strict.run(aten.copy_.default, (dst, values), {})
+    else:
+        dst.copy_(transfer.to_host(src))
+    return dst
+
+
+def _copy_from_and_resize(src, dst):
+    if tuple(dst.shape) != tuple(src.shape):
+        dst.resize_(src.shape)
+    return _copy_from(src, dst)
+
+
+def _item(t):
+    from torchtpu.device import transfer
+
+    return transfer.to_host(t).item()

@@ -1,0 +1,58 @@
+"""Registers the tpu device with torch: PrivateUse1 renamed "tpu", torch.tpu, hooks, kernels."""
+from __future__ import annotations
+
+import torch
+import torch._tensor_str
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+from torchtpu.device import kernels, module
+
+NAME = "tpu"
+_registered = False
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return module.is_available()
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def register() -> None:
+    """Makes device="tpu" work in this process (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", NAME):
+        raise RuntimeError(f"torchtpu.device: torch's PrivateUse1 backend is already {current!r} in this "
+                           f"process; one process holds one PrivateUse1 backend")
+    _setup_privateuseone_for_python_backend(NAME, backend_module=module, hook=_Hooks(), device_guard=_Guard())
+    kernels.register()
+    _print_on_host()
+    _registered = True
+
+
+def _print_on_host() -> None:
+    """torch prints xla/lazy/ipu/mtia tensors from a CPU copy; tpu tensors too. Formatting
+    on the device would run a program per reduction and one `.item()` per element."""
+    tensor_str = torch._tensor_str._tensor_str
+    if getattr(tensor_str, "_torchtpu", False):
+        return
+
+    def _tensor_str(self, indent):
+        if self.device.type == NAME:
+            self = self.to("cpu")
+        return tensor_str(self, indent)
+
+    _tensor_str._torchtpu = True
+    torch._tensor_str._tensor_str = _tensor_str

@@ -1,0 +1,152 @@
+"""Storages of tpu tensors: one flat device array per torch storage, torch's views on top.
+
+A tpu tensor is a real PrivateUse1 tensor: torch keeps its size, stride, storage offset, view
+relations and version counter. Its torch storage holds no memory; it carries a DeviceStorage
+(`untyped_storage()._tpu`) whose `array` is a 1-d jax.Array of the storage's elements. Every
+view of a storage reads that array through its own size/stride/offset, and a write replaces
+the array, so all views and the base see it.
+
+Each storage gets its own address range in a space no process memory uses (above 2**48, not
+canonical on x86-64 and arm64): `data_ptr()` tells storages apart and orders views inside one,
+as torch's aliasing checks expect, and a stray host read faults instead of reading garbage.
+
+JAX is imported on the first transfer or program, never by making an empty tensor.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)  # torch's metadata-only view kernels
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_ALIGN = 64
+_lock = threading.RLock()  # __del__ may run inside a locked section
+_memory = {"allocated": 0, "peak": 0, "next_address": 1 << 48}  # addresses are never reused
+
+
+def device_name() -> str:
+    return torch._C._get_privateuse1_backend_name()
+
+
+class DeviceStorage:
+    """The device memory of one torch storage.
+
+    Attributes:
+        array: a 1-d jax.Array of `numel` elements of `dtype`, or None while nothing was
+            written (torch.empty): readers then see zeros.
+        numel: elements of `dtype` the storage holds.
+        dtype: the dtype of the tensor the storage was made for; views of another dtype are
+            read on the host only (see host_view).
+    """
+
+    __slots__ = ("array", "numel", "dtype", "nbytes", "address")
+
+    def __init__(self, numel: int, dtype: torch.dtype, array=None):
+        self.array = array
+        self.numel = numel
+        self.dtype = dtype
+        self.nbytes = numel * dtype.itemsize
+        with _lock:
+            self.address = _memory["next_address"]
+            _memory["next_address"] += (self.nbytes // _ALIGN + 1) * _ALIGN
+            _memory["allocated"] += self.nbytes
+            _memory["peak"] = max(_memory["peak"], _memory["allocated"])
+
+    def __del__(self):
+        with _lock:
+            _memory["allocated"] -= self.nbytes
+
+    def read(self):
+        """The array, materialising zeros for a storage nothing has written."""
+        if self.array is None:
+            from torchtpu.device import transfer
+
+            self.array = transfer.zeros(self.numel, self.dtype)
+        return self.array
+
+
+def memory_allocated() -> int:
+    return _memory["allocated"]
+
+
+def max_memory_allocated() -> int:
+    return _memory["peak"]
+
+
+def reset_peak() -> None:
+    with _lock:
+        _memory["peak"] = _memory["allocated"]
+
+
+def storage_numel(size, stride) -> int:
+    """Elements a strided tensor spans (torch's computeStorageNbytes, in elements)."""
+    if any(s == 0 for s in size):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(size, stride))
+
+
+def contiguous_stride(size) -> list[int]:
+    stride, acc = [], 1
+    for n in reversed(size):
+        stride.append(acc)
+        acc *= max(int(n), 1)
+    return stride[::-1]
+
+
+def torch_storage(storage: DeviceStorage) -> torch.UntypedStorage:
+    """A torch storage for `storage` (one per DeviceStorage: views share it through torch)."""
+    untyped = torch._C._construct_storage_from_data_pointer(
+        storage.address, torch.device(device_name(), 0), storage.nbytes)
+    untyped._tpu = storage
+    return untyped
+
+
+def wrap(storage: DeviceStorage, size, stride=None, offset: int = 0, dtype=None) -> torch.Tensor:
+    """A new tpu tensor over `storage` with torch's size/stride/offset."""
+    size = [int(s) for s in size]
+    stride = contiguous_stride(size) if stride is None else [int(s) for s in stride]
+    t = torch._C._acc.create_empty_tensor(size, dtype or storage.dtype)
+    _set_storage.redispatch(_CPU, t, torch_storage(storage), offset, size, stride)
+    return t
+
+
+def point(t: torch.Tensor, storage: DeviceStorage, size, stride=None, offset: int = 0) -> torch.Tensor:
+    """Makes `t` a view of `storage` (an out= tensor torch asked us to resize and fill)."""
+    size = [int(s) for s in size]
+    stride = contiguous_stride(size) if stride is None else [int(s) for s in stride]
+    _set_storage.redispatch(_CPU, t, torch_storage(storage), offset, size, stride)
+    return t
+
+
+def empty(size, stride=None, dtype=None) -> torch.Tensor:
+    """torch.empty / empty_strided on the device: the storage is written before it is read."""
+    dtype = dtype or torch.get_default_dtype()
+    size = [int(s) for s in size]
+    stride = contiguous_stride(size) if stride is None else [int(s) for s in stride]
+    return wrap(DeviceStorage(storage_numel(size, stride), dtype), size, stride, 0, dtype)
+
+
+def storage_of(t: torch.Tensor) -> DeviceStorage:
+    storage = getattr(t.untyped_storage(), "_tpu", None)
+    if storage is None:
+        raise RuntimeError(f"a {t.device} tensor without device memory (was it made outside torchtpu.device?)")
+    return storage
+
+
+def set_storage(t: torch.Tensor, untyped: torch.UntypedStorage, offset: int, size, stride) -> torch.Tensor:
+    """aten::set_ with a storage: checks it is ours, then torch's own metadata update."""
+    if getattr(untyped, "_tpu", None) is None:
+        raise RuntimeError(f"set_: the storage is on {untyped.device}, not a {device_name()} storage of torchtpu")
+    return _set_storage.redispatch(_CPU, t, untyped, offset, list(size), list(stride))
+
+
+def metadata_view(op):
+    """A view op's kernel: torch's CPU kernel, which only computes size/stride/offset over the
+    same storage (no data is touched)."""
+
+    def kernel(*args, **kwargs):
+        return op.redispatch(_CPU, *args, **kwargs)
+
+    kernel.__name__ = f"view[{op}]"
+    return kernel

@@ -1,0 +1,182 @@
+"""Strict eager: each op on tpu tensors runs as its own compiled program, kept per signature.
+
+    describe (call.py) -> program for the key: op_graph (graph.py) -> compile_graph -> Executable
+    -> run on the storages' device arrays -> written storages take the new arrays, new results
+    become tpu tensors
+
+A later "defer" mode replaces `Strict.run` only: it would append the OpCall's graph to a pending
+one and give back tensors whose storages fill at a flush; describe, op_graph, the storages and
+the kernels stay as they are.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import threading
+import weakref
+
+import torch
+
+from torchtpu import counters
+from torchtpu.compiler import checks
+from torchtpu.compiler.driver import compile_graph
+from torchtpu.compiler.errors import LoweringError
+from torchtpu.device import graph as graphs
+from torchtpu.device import module, transfer
+from torchtpu.device.call import OpCall, describe
+from torchtpu.device.storage import DeviceStorage, point, wrap
+from torchtpu.options import Options
+
+# Programs raise torch's errors for bad indices; ops the device cannot run fail by name.
+OPTIONS = Options(fallback="error", bucketing="off")
+
+
+class NoDeviceKernel(NotImplementedError):
+    """An op on tpu tensors that the device cannot run (no lowering rule or decomposition)."""
+
+
+@dataclasses.dataclass
+class Program:
+    exe: object  # runtime.executable.Executable
+    runner: object  # its CompiledGraph (names the node of a failed check)
+    plan: graphs.Plan
+    scalars: list  # per runtime scalar: (dtype, how), in input order
+    outputs: list  # graph output -> index into the executable's results
+
+
+class Strict:
+    def __init__(self):
+        self._programs: dict[tuple, Program] = {}
+        self._baked: set = set()  # keys whose numbers turned out to be needed as constants
+        self._host: set = set()  # keys of ops that run on the host (graph.HostOnly)
+        self._lock = threading.Lock()
+
+    def run(self, op, args, kwargs):
+        call = describe(op, args, kwargs)
+        if call.key in self._baked:
+            call = describe(op, args, kwargs, lift=False)
+        program = self._programs.get(call.key)
+        if program is None:
+            if call.key in self._host:
+                return on_host(op, args, kwargs)
+            try:
+                program, call = self._build(call, op, args, kwargs)
+            except graphs.HostOnly:
+                self._host.add(call.key)
+                return on_host(op, args, kwargs)
+        else:
+            counters.bump("eager_hits")
+        counters.bump("eager_ops")
+        arrays = [s.read() for s in call.storages]
+        for value, (dtype, how) in zip(call.scalars, program.scalars):
+            arrays.append(transfer.host_scalar(value) if how == "host" else transfer.scalar(value, dtype))
+        key = transfer.random_key(module.generator()) if program.exe.layout.uses_rng else None
+        try:
+            results = program.exe.run_arrays(arrays, key)
+        except checks.CheckFailed as failed:
+            raise checks.user_error(failed.check, program.runner._node_at(failed.check["node"])) from None
+        _recent.extend(weakref.ref(r) for r in results)
+        return _apply(call, program, [results[i] for i in program.outputs])
+
+    def _build(self, call: OpCall, op, args, kwargs) -> tuple[Program, OpCall]:
+        with self._lock:
+            try:
+                try:
+                    gm, inputs, plan = graphs.op_graph(call)
+                except graphs.ScalarBaked:
+                    self._baked.add(call.key)
+                    call = describe(op, args, kwargs, lift=False)
+                    gm, inputs, plan = graphs.op_graph(call)
+            except NotImplementedError as e:
+                raise NoDeviceKernel(f"torchtpu.device: {op} cannot run on the tpu device: {e}") from e
+            name = f"eager_{op._schema.name.split('::')[-1]}_{op._overloadname}"
+            try:
+                runner = compile_graph(gm, inputs, OPTIONS, name=name)
+            except LoweringError as e:
+                raise NoDeviceKernel(f"torchtpu.device: {op} cannot run on the tpu device: "
+                                     f"{str(e).splitlines()[0]}\n{e}") from None
+            exe = runner.executable_for(runner.fixed_signature)
+            outputs = [slot.index for slot in exe.layout.outputs]
+            scalars = [(m[2], m[3]) for m in graphs.scalar_markers(call.template)]
+            program = self._programs[call.key] = Program(exe, runner, plan, scalars, outputs)
+            counters.bump("eager_programs")
+            return program, call
+
+
+def _apply(call: OpCall, program: Program, results: list):
+    for storage_index, r in program.plan.mutated:
+        call.storages[storage_index].array = results[r]
+    returns = [_value(entry, call, results) for entry in program.plan.returns]
+    if not returns:
+        return None
+    return returns[0] if len(returns) == 1 else tuple(returns)
+
+
+def _value(entry, call: OpCall, results: list):
+    if entry is None:
+        return None
+    kind = entry[0]
+    if kind == "arg":
+        return call.values[entry[1]]
+    if kind == "list":
+        return [_value(e, call, results) for e in entry[1]]
+    if kind == "fresh":
+        _, r, size, stride, dtype = entry
+        return wrap(DeviceStorage(math.prod(size), dtype, results[r]), size, stride, 0, dtype)
+    _, position, r, size, stride, dtype = entry  # "resized"
+    return point(call.values[position], DeviceStorage(math.prod(size), dtype, results[r]), size, stride)
+
+
+def on_host(op, args, kwargs):
+    """Runs `op` on CPU copies of its tpu tensors: for ops whose result the host needs anyway (a
+    Python value, a data-dependent shape). Written tensors are copied back, new ones uploaded."""
+    from torch.utils._pytree import tree_map
+
+    device = module.storage.device_name()
+    copies: dict[int, tuple] = {}
+
+    def to_cpu(x):
+        if isinstance(x, torch.Tensor) and x.device.type == device:
+            c = copies.get(id(x))
+            if c is None:
+                c = copies[id(x)] = (x, transfer.to_host(x).clone())
+            return c[1]
+        return x
+
+    host_args, host_kwargs = tree_map(to_cpu, (list(args), dict(kwargs)))
+    counters.bump("eager_host_ops")
+    out = op(*host_args, **host_kwargs)
+    written = [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    by_copy = {id(c): x for x, c in copies.values()}
+    for x, c in copies.values():
+        if any(x is v for v in _written_values(op, args, kwargs, written)):
+            x.copy_(c)
+
+    def back(r):
+        if isinstance(r, torch.Tensor):
+            original = by_copy.get(id(r))
+            return r.to(device) if original is None else original
+        return r
+
+    return tree_map(back, out)
+
+
+def _written_values(op, args, kwargs, positions):
+    names = [a.name for a in op._schema.arguments]
+    return [args[i] if i < len(args) else kwargs.get(names[i]) for i in positions]
+
+
+def synchronize() -> None:
+    """Waits for the results of the recent programs that are still alive (programs run in the
+    background; a result nobody holds needs no waiting)."""
+    transfer.ready([a for a in (r() for r in list(_recent)) if a is not None])
+
+
+_recent: collections.deque = collections.deque(maxlen=1024)  # weak references to results
+_strict = Strict()
+
+
+def run(op, args, kwargs):
+    """Runs one op on tpu tensors (the kernels' single entry)."""
+    return _strict.run(op, args, kwargs)

@@ -1,0 +1,96 @@
+"""Host <-> device for tpu tensors: uploads, downloads, zeros, scalars and PRNG keys.
+
+Built on runtime/transfer.py (the compiler's path): on the CPU platform both directions are
+DLPack views, so an upload first copies the tensor (the device array must not see later host
+writes) and a download is a read-only view of the device array (copied out by the caller).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import numpy as np
+import torch
+
+from torchtpu import counters
+from torchtpu.runtime import platform, transfer
+
+_ZEROS_KEPT = 64  # distinct (numel, dtype) zero arrays kept for empty storages (arrays are immutable)
+_SCALARS_KEPT = 4096
+_zeros: dict = {}
+_scalars: dict = {}
+
+
+@functools.cache
+def device() -> jax.Device:
+    """The jax device tpu tensors live on (runtime/platform.py's choice: TPU, else GPU, else CPU)."""
+    return platform.device()
+
+
+def upload(t: torch.Tensor):
+    """A host tensor's values as a new flat device array of its dtype."""
+    flat = t.detach().reshape(-1)
+    if transfer.zero_copy(device()):
+        flat = flat.clone()  # the device array views this memory: nobody else may write it
+    counters.bump("eager_uploads")
+    with jax.enable_x64(True):
+        return transfer.to_device(flat, device())
+
+
+def download(array) -> torch.Tensor:
+    """A flat device array as a host tensor (on the CPU platform a read-only view of it)."""
+    counters.bump("eager_downloads")
+    if device().platform == "cpu":
+        return transfer.from_cpu_buffer(array)
+    return transfer.to_torch(array)
+
+
+def zeros(numel: int, dtype: torch.dtype):
+    """A flat array of zeros, shared by every storage of that size (what torch.empty reads)."""
+    key = (numel, dtype)
+    array = _zeros.get(key)
+    if array is None:
+        if len(_zeros) >= _ZEROS_KEPT:
+            _zeros.pop(next(iter(_zeros)))
+        array = _zeros[key] = upload(torch.zeros(numel, dtype=dtype))
+    return array
+
+
+def scalar(value, dtype: torch.dtype):
+    """A 0-d device array holding a Python number (a runtime input of a program), kept by value."""
+    key = (dtype, value, math.copysign(1.0, value) if isinstance(value, float) else 0)
+    array = _scalars.get(key)
+    if array is None:
+        if len(_scalars) >= _SCALARS_KEPT:
+            _scalars.clear()
+        array = _scalars[key] = upload(torch.tensor(value, dtype=dtype))
+    return array
+
+
+def host_scalar(t: torch.Tensor):
+    """A 0-d CPU tensor's current value as a 0-d device array (read at every call: it may change)."""
+    return upload(t)
+
+
+def random_key(generator: torch.Generator):
+    """A PRNG key for one program, drawn from the device's torch generator (torch.tpu.manual_seed)."""
+    bits = torch.randint(0, 2**31 - 1, (2,), dtype=torch.int64, generator=generator)
+    return jax.device_put(bits.numpy().astype(np.uint32), device())
+
+
+def ready(arrays) -> None:
+    for a in arrays:
+        a.block_until_ready()
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A tpu tensor's values on the host, with its size and strides. On the CPU platform a view
+    of the device array's memory: read it, do not write it."""
+    from torchtpu.device.storage import storage_of
+
+    s = storage_of(t)
+    flat = torch.zeros(s.numel, dtype=s.dtype) if s.array is None else download(s.array)
+    if t.dtype != s.dtype:  # a view of another dtype (torch.save reads storages as bytes)
+        flat = flat.view(t.dtype)
+    return flat.as_strided(t.size(), t.stride(), t.storage_offset())
