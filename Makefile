@@ -4,7 +4,7 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PIP_PKGS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 numpy networkx flatbuffers \
-            expecttest pytest hypothesis transformers matplotlib \
+            expecttest pytest pytest-xdist hypothesis transformers matplotlib \
             diffusers accelerate
 
 .PHONY: demo test bench coverage browser clean
@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(VPY) -m benchmarks.demo
 
+# Two pytest workers, one test file each at a time (a file's tests share module state, e.g. the
+# OpInfo pass rates); the slowest tests are listed at the end.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) browser
-	$(VPY) -m pytest -q -ra tests
+	$(VPY) -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile --durations=25 tests
 
 # Headless Chromium for the inspector's HTML test (Debian's package; the test skips, naming
 # the reason, where it cannot be installed).
