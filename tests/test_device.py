@@ -384,3 +384,33 @@ def test_mlp_training_steps_match_cpu(optimizer, foreach):
     torch.testing.assert_close(losses[TPU], losses["cpu"], atol=1e-5, rtol=1e-5)
     for p, q in zip(dev.parameters(), cpu.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_deepcopy_dtype_views_and_accumulating_index_put():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).to(TPU)
+    twin = copy.deepcopy(model)  # torch clones storages: a tpu storage's clone shares its array
+    with torch.no_grad():
+        twin.weight.add_(1)
+    torch.testing.assert_close(twin.weight.cpu(), model.weight.cpu() + 1)
+    x = torch.tensor([1.0, -2.0, 0.5])
+    _same(x.to(TPU).view(torch.int32) + 1, x.view(torch.int32) + 1)
+    acc = torch.zeros(3, device=TPU).index_put_((torch.tensor([0, 0, 2], device=TPU),), torch.ones(3, device=TPU),
+                                                accumulate=True)
+    _same(acc, torch.tensor([2.0, 0.0, 1.0]))
+    with pytest.raises(IndexError, match="out of bounds"):
+        torch.ones(3, device=TPU)[torch.tensor([5], device=TPU)].cpu()
+
+
+def test_tiny_llama_forward_matches_cpu():
+    from benchmarks.models import hf_llama
+
+    torch.manual_seed(0)
+    model = hf_llama()
+    ids = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        expected = model(ids).logits
+        model.to(TPU)
+        logits = model(ids.to(TPU)).logits
+    assert logits.device.type == TPU
+    torch.testing.assert_close(logits.cpu(), expected, atol=1e-4, rtol=1e-4)

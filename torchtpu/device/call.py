@@ -125,7 +125,8 @@ def describe(op, args, kwargs, lift: bool = True) -> OpCall:
     schema = schema_of(op)
     values = [args[i] if i < len(args) else kwargs.get(a.name, a.default) for i, a in enumerate(schema.args)]
     state = _State(lift)
-    template = tuple(state.encode(v, a) for v, a in zip(values, schema.args))
+    encode = state.encode
+    template = tuple([encode(v, a) for v, a in zip(values, schema.args)])
     if state.f64:  # a float64 computation takes its runtime floats at full precision
         template = _widen(template)
     key = (op, tuple((s.numel, s.dtype) for s in state.storages), template, torch.get_default_dtype())
@@ -138,14 +139,13 @@ class _State:
         self.storages: list = []
         self.index: dict[int, int] = {}
         self.scalars: list = []
-        self.devices: set = set()
         self.f64 = False
 
     def encode(self, v, arg: ArgInfo):
         if isinstance(v, torch.Tensor):
             return self.tensor(v, arg)
         if isinstance(v, (list, tuple)):
-            return tuple(self.encode(x, arg) for x in v)
+            return tuple([self.encode(x, arg) for x in v])
         cls = v.__class__
         if self.lift and (cls is float or cls is int) and (
                 arg.kind == "tensor" or (arg.kind == "scalar" and arg.name in LIFTED and cls is float)):
@@ -173,13 +173,15 @@ class _State:
             else:
                 raise MixedDevices(f"Expected all tensors to be on the same device, but found at least two "
                                    f"devices, {storages.device_name()}:0 and {device}!")
+        if t.dtype != s.dtype:  # a view of another dtype: the storage's bytes, read as it
+            s.retype(t.dtype)
         i = self.index.get(id(s))
         if i is None:
             i = self.index[id(s)] = len(self.storages)
             self.storages.append(s)
         if t.dtype == torch.float64:
             self.f64 = True
-        return (TENSOR, i, t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+        return (TENSOR, i, t.dtype, t.shape, t.stride(), t.storage_offset())
 
 
 def _widen(template):

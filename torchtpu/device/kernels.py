@@ -24,9 +24,12 @@ from torchtpu.device.storage import DeviceStorage, contiguous_stride, storage_nu
 aten = torch.ops.aten
 KEY = "PrivateUse1"
 VIEWS = (aten.as_strided.default, aten.view.default, aten._reshape_alias.default, aten.unfold.default)
-FACTORIES = (aten.randn.default, aten.rand.default, aten.randint.default, aten.randint.low,
-             aten.randperm.default, aten.zeros.default, aten.ones.default, aten.full.default,
-             aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default)
+# Run as one program each rather than torch's composite: factories (else empty + an in-place
+# fill), index_put (else _index_put_impl_, which has no functional form with a rule).
+DIRECT = (aten.randn.default, aten.rand.default, aten.randint.default, aten.randint.low,
+          aten.randperm.default, aten.zeros.default, aten.ones.default, aten.full.default,
+          aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default,
+          aten.index_put_.default, aten.index_put.default)
 _libraries: list = []  # torch.library registrations live as long as their Library objects
 
 
@@ -34,7 +37,7 @@ def register() -> None:
     lib = torch.library.Library("aten", "IMPL")
     for op in VIEWS:
         lib.impl(op, storage.metadata_view(op), KEY)
-    for op in FACTORIES:
+    for op in DIRECT:
         lib.impl(op, functools.partial(_run, op), KEY)
     for name in _structured():
         lib.impl(name, _Structured(name), KEY)

@@ -203,9 +203,6 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
-def get_amp_supported_dtype() -> list[torch.dtype]:
-    return [torch.bfloat16, torch.float16]
-
 
 # --- memory ----------------------------------------------------------------------------------
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import torch
 import torch._tensor_str
+import torch.storage
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from torchtpu.device import kernels, module
+from torchtpu.device import kernels, module, storage
 
 NAME = "tpu"
 _registered = False
@@ -39,6 +40,7 @@ def register() -> None:
     _setup_privateuseone_for_python_backend(NAME, backend_module=module, hook=_Hooks(), device_guard=_Guard())
     kernels.register()
     _print_on_host()
+    _clone_storages()
     _registered = True
 
 
@@ -56,3 +58,20 @@ def _print_on_host() -> None:
 
     _tensor_str._torchtpu = True
     torch._tensor_str._tensor_str = _tensor_str
+
+
+def _clone_storages() -> None:
+    """torch clones a storage (copy.deepcopy of tensors and modules) by allocating one with the
+    device's allocator, which a Python backend cannot register (torch would crash): a tpu
+    storage's clone shares its immutable device array instead."""
+    clone = torch.storage._StorageBase.clone
+    if getattr(clone, "_torchtpu", False):
+        return
+
+    def _clone(self):
+        if self.device.type == NAME:
+            return storage.clone_storage(self)
+        return clone(self)
+
+    _clone._torchtpu = True
+    torch.storage._StorageBase.clone = _clone

@@ -65,6 +65,21 @@ class DeviceStorage:
             self.array = transfer.zeros(self.numel, self.dtype)
         return self.array
 
+    def retype(self, dtype: torch.dtype) -> None:
+        """Reinterprets the storage's bytes as `dtype` (a program reads a tensor of another dtype
+        than the one the storage was made for: Tensor.view(dtype), torch.load's byte copies)."""
+        if self.nbytes % dtype.itemsize:
+            raise NotImplementedError(f"a {dtype} view of a {self.nbytes}-byte tpu storage")
+        if self.array is not None:
+            from torchtpu.device import transfer
+
+            self.array = transfer.bitcast(self.array, dtype)
+        self.dtype, self.numel = dtype, self.nbytes // dtype.itemsize
+
+    def copy(self) -> "DeviceStorage":
+        """A storage with the same contents: arrays are immutable, so they can be shared."""
+        return DeviceStorage(self.numel, self.dtype, self.array)
+
 
 def memory_allocated() -> int:
     return _memory["allocated"]
@@ -125,6 +140,12 @@ def empty(size, stride=None, dtype=None) -> torch.Tensor:
     size = [int(s) for s in size]
     stride = contiguous_stride(size) if stride is None else [int(s) for s in stride]
     return wrap(DeviceStorage(storage_numel(size, stride), dtype), size, stride, 0, dtype)
+
+
+def clone_storage(untyped: torch.UntypedStorage) -> torch.UntypedStorage:
+    """UntypedStorage.clone for a tpu storage (torch's allocates with the device's allocator,
+    which a Python backend cannot register)."""
+    return torch_storage(untyped._tpu.copy())
 
 
 def storage_of(t: torch.Tensor) -> DeviceStorage:

@@ -67,7 +67,6 @@ class Strict:
                 return on_host(op, args, kwargs)
         else:
             counters.bump("eager_hits")
-        counters.bump("eager_ops")
         arrays = [s.read() for s in call.storages]
         for value, (dtype, how) in zip(call.scalars, program.scalars):
             arrays.append(transfer.host_scalar(value) if how == "host" else transfer.scalar(value, dtype))

@@ -68,6 +68,27 @@ def scalar(value, dtype: torch.dtype):
     return array
 
 
+@functools.cache
+def _bitcast_fn(source, target, ratio: int):
+    def fn(a):
+        if ratio > 1:  # to a wider type: groups of `ratio` elements become one
+            a = a.reshape(-1, ratio)
+        out = jax.lax.bitcast_convert_type(a, target)
+        return out.reshape(-1)
+
+    return jax.jit(fn)
+
+
+def bitcast(array, dtype: torch.dtype):
+    """The flat array's bytes as `dtype` (storage plumbing for dtype views, not an op)."""
+    from torchtpu.compiler.dtypes import to_jax
+
+    target = to_jax(dtype)
+    source_size, target_size = array.dtype.itemsize, np.dtype(target).itemsize
+    with jax.enable_x64(True):
+        return _bitcast_fn(array.dtype, target, max(target_size // source_size, 1))(array)
+
+
 def host_scalar(t: torch.Tensor):
     """A 0-d CPU tensor's current value as a 0-d device array (read at every call: it may change)."""
     return upload(t)
