@@ -16,7 +16,6 @@ any other CPU tensor with dimensions is torch's mixed-device error.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
@@ -75,8 +74,17 @@ def _unwrap(t):
     return t.getElementType() if isinstance(t, torch._C.OptionalType) else t
 
 
-@functools.cache
+_SCHEMAS: dict[int, Schema] = {}  # by id(op): OpOverload hashes in Python, and overloads live forever
+
+
 def schema_of(op: torch._ops.OpOverload) -> Schema:
+    schema = _SCHEMAS.get(id(op))
+    if schema is None:
+        schema = _SCHEMAS[id(op)] = _schema(op)
+    return schema
+
+
+def _schema(op: torch._ops.OpOverload) -> Schema:
     s = op._schema
     args = tuple(ArgInfo(a.name, kind_of(a.type), a.kwarg_only, a.default_value if a.has_default_value() else None,
                          bool(a.alias_info and a.alias_info.is_write), a.is_out) for a in s.arguments)
@@ -129,7 +137,7 @@ def describe(op, args, kwargs, lift: bool = True) -> OpCall:
     template = tuple([encode(v, a) for v, a in zip(values, schema.args)])
     if state.f64:  # a float64 computation takes its runtime floats at full precision
         template = _widen(template)
-    key = (op, tuple((s.numel, s.dtype) for s in state.storages), template, torch.get_default_dtype())
+    key = (id(op), tuple([(s.numel, s.dtype) for s in state.storages]), template, torch.get_default_dtype())
     return OpCall(op, values, template, state.storages, state.scalars, key)
 
 

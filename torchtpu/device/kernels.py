@@ -54,9 +54,18 @@ def register() -> None:
 
 
 def _run(op, *args, **kwargs):
-    from torchtpu.device import strict
+    return _executor().run(op, args, kwargs)
 
-    return strict.run(op, args, kwargs)
+
+def _executor():
+    """The module that runs ops (strict.py), imported at the first op: it loads JAX and the compiler."""
+    global _strict
+    if _strict is None:
+        from torchtpu.device import strict as _strict
+    return _strict
+
+
+_strict = None
 
 
 def _structured() -> list[str]:
@@ -78,18 +87,14 @@ class _Structured:
         self.name, self.op = name, None
 
     def __call__(self, *args, **kwargs):
-        from torchtpu.device import strict
-
         if self.op is None:
             base, _, overload = self.name.partition(".")
             self.op = getattr(getattr(aten, base), overload or "default")
-        return strict.run(self.op, args, kwargs)
+        return (_strict or _executor()).run(self.op, args, kwargs)
 
 
 def _fallback(op, *args, **kwargs):
-    from torchtpu.device import strict
-
-    return strict.run(op, args, kwargs)
+    return _executor().run(op, args, kwargs)
 
 
 # --- memory and metadata -----------------------------------------------------------------------

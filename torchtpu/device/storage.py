@@ -118,9 +118,8 @@ def torch_storage(storage: DeviceStorage) -> torch.UntypedStorage:
 
 
 def wrap(storage: DeviceStorage, size, stride=None, offset: int = 0, dtype=None) -> torch.Tensor:
-    """A new tpu tensor over `storage` with torch's size/stride/offset."""
-    size = [int(s) for s in size]
-    stride = contiguous_stride(size) if stride is None else [int(s) for s in stride]
+    """A new tpu tensor over `storage` with torch's size/stride/offset (sequences of ints)."""
+    stride = contiguous_stride(size) if stride is None else stride
     t = torch._C._acc.create_empty_tensor(size, dtype or storage.dtype)
     _set_storage.redispatch(_CPU, t, torch_storage(storage), offset, size, stride)
     return t

@@ -75,7 +75,8 @@ class Strict:
             results = program.exe.run_arrays(arrays, key)
         except checks.CheckFailed as failed:
             raise checks.user_error(failed.check, program.runner._node_at(failed.check["node"])) from None
-        _recent.extend(weakref.ref(r) for r in results)
+        if results:  # one result per program: it is ready when the program finished
+            _recent.append(weakref.ref(results[0]))
         return _apply(call, program, [results[i] for i in program.outputs])
 
     def _build(self, call: OpCall, op, args, kwargs) -> tuple[Program, OpCall]:
@@ -172,7 +173,7 @@ def synchronize() -> None:
     transfer.ready([a for a in (r() for r in list(_recent)) if a is not None])
 
 
-_recent: collections.deque = collections.deque(maxlen=1024)  # weak references to results
+_recent: collections.deque = collections.deque(maxlen=1024)  # a weak reference per recent program
 _strict = Strict()
 
 
