@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import helpers
 import torchtpu
 from precompile_models import MLP, Scaled, llama, loss_fn
 from torchtpu.precompile.artifact import Artifact
@@ -177,3 +178,25 @@ def test_save_of_a_failing_model_writes_nothing(tmp_path):
 def test_a_mesh_program_is_refused_with_its_reason(tmp_path):
     with pytest.raises(Exception, match="device mesh cannot be precompiled"):
         torchtpu.precompile.save(MLP(), (torch.randn(2, 8),), tmp_path / "mesh.tpu", options={"mesh": {"dp": 1}})
+
+
+def _with_host_op(x):
+    return torch.relu(helpers.host_triple(torch.sin(x) + 1)) * 2
+
+
+def test_a_graph_with_a_host_op_precompiles_and_reloads(tmp_path):
+    """A DeferAndFuse graph (an op with no rule runs on the host between device programs) is
+    rebuilt through the driver on load: the same regions, the same numbers."""
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the HostFallbackWarning of the save's compile
+        path = torchtpu.precompile.save(_with_host_op, (x,), tmp_path / "host.tpu")
+    before = torchtpu.stats()
+    run, said = _load_warning(path)
+    assert run.loaded and said == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(run(x), _with_host_op(x))
+    after = torchtpu.stats()
+    assert after["device_regions"] > before["device_regions"]  # rebuilt as regions again
+    assert after.get("precompiled_fallback_calls", 0) == before.get("precompiled_fallback_calls", 0)
