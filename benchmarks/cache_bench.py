@@ -7,10 +7,11 @@ Each column is a fresh process:
   inductor cold    torch.compile (Inductor) with an empty TORCHINDUCTOR_CACHE_DIR
   inductor warm    the same, with the cache the cold process left
 
-    python -m benchmarks.cache_bench [--model hf_llama|hf_bert|decoder] [--skip-inductor]
+    python -m benchmarks.cache_bench [--model hf_llama|hf_bert|decoder] [--batch 8 --size 128] [--skip-inductor]
 
 Prints seconds from the process's launch to the first result (imports and building the model
-included) and from the compile (or load) call to the first result; XLA compiles; Dynamo graphs;
+included) and from the compile (or load) call to the first result (torch, torchtpu and its
+precompile API already imported, the model built); XLA compiles; Dynamo graphs;
 the median steady-state call in ms. Inductor needs a C++ compiler; it runs at the default
 thread settings, as ours does.
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 
 
-def measure(mode: str, model_name: str, artifact: str | None) -> dict:
+def measure(mode: str, model_name: str, artifact: str | None, batch: int | None = None, size: int | None = None) -> dict:
     import warnings
 
     import torch
@@ -38,7 +39,8 @@ def measure(mode: str, model_name: str, artifact: str | None) -> dict:
     from benchmarks.timing import median_ms
 
     warnings.filterwarnings("ignore")
-    model, inputs = build(model_name)
+    model, inputs = build(model_name, batch, size)
+    import torchtpu.precompile.api  # noqa: F401  (part of importing torchtpu: timed neither way)
     with torch.no_grad():
         if mode == "save":
             torchtpu.precompile.save(model, inputs, artifact)
@@ -68,9 +70,11 @@ def _dynamo_graphs() -> int:
     return int(sum(counters["stats"].get(k, 0) for k in ("unique_graphs",)))
 
 
-def child(mode: str, model_name: str, env: dict, artifact: str | None = None) -> dict:
+def child(mode: str, model_name: str, env: dict, artifact: str | None = None, shape: tuple = ()) -> dict:
     env = {**os.environ, **env, "BENCH_LAUNCHED": repr(time.time())}
     cmd = [sys.executable, "-m", "benchmarks.cache_bench", "--child", mode, "--model", model_name]
+    if shape:
+        cmd += ["--batch", str(shape[0]), "--size", str(shape[1])]
     if artifact:
         cmd += ["--artifact", artifact]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -82,31 +86,34 @@ def child(mode: str, model_name: str, env: dict, artifact: str | None = None) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="hf_llama")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--size", type=int, default=128, help="sequence length (default 128)")
     parser.add_argument("--skip-inductor", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--artifact", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, args.model, args.artifact)))
+        print(json.dumps(measure(args.child, args.model, args.artifact, args.batch, args.size)))
         return
-    columns = {}
+    columns, shape = {}, (args.batch, args.size)
     with tempfile.TemporaryDirectory() as tmp:
         tpu_env = {"TORCHTPU_CACHE_DIR": f"{tmp}/tpu", "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor-for-tpu"}
-        columns["tpu cold"] = child("tpu", args.model, tpu_env)
-        columns["tpu warm"] = child("tpu", args.model, tpu_env)
+        columns["tpu cold"] = child("tpu", args.model, tpu_env, shape=shape)
+        columns["tpu warm"] = child("tpu", args.model, tpu_env, shape=shape)
         artifact = f"{tmp}/model.tpu-precompiled"
-        child("save", args.model, tpu_env, artifact)
-        columns["tpu precompiled"] = child("precompiled", args.model, tpu_env, artifact)
+        child("save", args.model, tpu_env, artifact, shape)
+        columns["tpu precompiled"] = child("precompiled", args.model, tpu_env, artifact, shape)
         if not args.skip_inductor:
             inductor_env = {"TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor"}
-            columns["inductor cold"] = child("inductor", args.model, inductor_env)
-            columns["inductor warm"] = child("inductor", args.model, inductor_env)
+            columns["inductor cold"] = child("inductor", args.model, inductor_env, shape=shape)
+            columns["inductor warm"] = child("inductor", args.model, inductor_env, shape=shape)
     rows = [("launch to first result (s)", "since_launch_s", "{:.2f}"),
             ("compile/load to first result (s)", "first_result_s", "{:.3f}"),
             ("XLA compiles", "xla_compiles", "{}"), ("Dynamo graphs", "dynamo_graphs", "{}"),
             ("steady-state call (ms)", "median_ms", "{:.3f}")]
     threads = os.environ.get("OMP_NUM_THREADS", "default")
-    print(f"{args.model} 2-layer, batch 8 x 128 tokens, no_grad, threads: {threads}, {os.cpu_count()} cores")
+    print(f"{args.model} 2-layer, batch {args.batch} x {args.size} tokens, no_grad, threads: {threads}, "
+          f"{os.cpu_count()} cores")
     print(f"{'':34}" + "".join(f"{name:>17}" for name in columns))
     for label, key, fmt in rows:
         print(f"{label:34}" + "".join(f"{fmt.format(c[key]):>17}" for c in columns.values()))
