@@ -3,6 +3,7 @@ one program per op, transfers, errors, autograd and optimizer steps against the 
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 
@@ -414,3 +415,20 @@ def test_tiny_llama_forward_matches_cpu():
         logits = model(ids.to(TPU)).logits
     assert logits.device.type == TPU
     torch.testing.assert_close(logits.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_trainer_stays_on_the_cpu_without_a_tpu():
+    """transformers picks the accelerator by torch.accelerator.is_available(): with no TPU attached
+    the default is the CPU; TORCHTPU_DEVICE_AVAILABLE=1 opts in to the emulated device."""
+    from transformers import TrainingArguments
+
+    if tpu_module.platform_name() == "tpu":
+        pytest.skip("a real TPU is attached")
+    assert TrainingArguments(output_dir="unused", report_to=[]).device.type == "cpu"
+    script = ("import torch, torchtpu.device\n"
+              "from transformers import TrainingArguments\n"
+              "print(TrainingArguments(output_dir='unused', report_to=[]).device)\n")
+    env = dict(os.environ, TORCHTPU_DEVICE_AVAILABLE="1")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "tpu:0"
