@@ -336,7 +336,10 @@ def test_host_only_ops_run_on_a_copy():
     _same(dev[dev > 0], host[host > 0])
     _same(dev.nonzero(), host.nonzero())
     assert torch.equal(dev, dev) and not torch.equal(dev, dev + 1)
-    assert _count("eager_host_ops") >= before + 3
+    out = torch.empty(0, dtype=torch.int64, device=TPU)
+    torch.nonzero(dev, out=out)  # an out= the host op resizes
+    _same(out, host.nonzero())
+    assert _count("eager_host_ops") >= before + 4
 
 
 # --- autograd and training ---------------------------------------------------------------------

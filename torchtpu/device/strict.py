@@ -17,6 +17,7 @@ import threading
 import weakref
 
 import torch
+from torch.utils._pytree import tree_map
 
 from torchtpu import counters
 from torchtpu.compiler import checks
@@ -24,8 +25,8 @@ from torchtpu.compiler.driver import compile_graph
 from torchtpu.compiler.errors import LoweringError
 from torchtpu.device import graph as graphs
 from torchtpu.device import module, transfer
-from torchtpu.device.call import OpCall, describe
-from torchtpu.device.storage import DeviceStorage, point, wrap
+from torchtpu.device.call import OpCall, describe, schema_of
+from torchtpu.device.storage import DeviceStorage, device_name, point, wrap
 from torchtpu.options import Options
 
 # Programs raise torch's errors for bad indices; ops the device cannot run fail by name.
@@ -131,40 +132,34 @@ def _value(entry, call: OpCall, results: list):
 def on_host(op, args, kwargs):
     """Runs `op` on CPU copies of its tpu tensors: for ops whose result the host needs anyway (a
     Python value, a data-dependent shape). Written tensors are copied back, new ones uploaded."""
-    from torch.utils._pytree import tree_map
-
-    device = module.storage.device_name()
-    copies: dict[int, tuple] = {}
+    device = device_name()
+    copies: dict[int, tuple] = {}  # id(tpu tensor) -> (the tensor, its CPU copy)
 
     def to_cpu(x):
         if isinstance(x, torch.Tensor) and x.device.type == device:
-            c = copies.get(id(x))
-            if c is None:
-                c = copies[id(x)] = (x, transfer.to_host(x).clone())
-            return c[1]
+            if id(x) not in copies:
+                copies[id(x)] = (x, transfer.to_host(x).clone())
+            return copies[id(x)][1]
         return x
 
     host_args, host_kwargs = tree_map(to_cpu, (list(args), dict(kwargs)))
     counters.bump("eager_host_ops")
     out = op(*host_args, **host_kwargs)
-    written = [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    by_copy = {id(c): x for x, c in copies.values()}
-    for x, c in copies.values():
-        if any(x is v for v in _written_values(op, args, kwargs, written)):
-            x.copy_(c)
+    for i, arg in enumerate(schema_of(op).args):
+        written = (args[i] if i < len(args) else kwargs.get(arg.name)) if arg.writes else None
+        if isinstance(written, torch.Tensor) and id(written) in copies:
+            result = copies[id(written)][1]
+            if written.shape != result.shape:  # an out= the op resized
+                written.resize_(result.shape)
+            written.copy_(result)
+    originals = {id(c): x for x, c in copies.values()}
 
     def back(r):
         if isinstance(r, torch.Tensor):
-            original = by_copy.get(id(r))
-            return r.to(device) if original is None else original
+            return originals[id(r)] if id(r) in originals else r.to(device)
         return r
 
     return tree_map(back, out)
-
-
-def _written_values(op, args, kwargs, positions):
-    names = [a.name for a in op._schema.arguments]
-    return [args[i] if i < len(args) else kwargs.get(names[i]) for i in positions]
 
 
 def synchronize() -> None:
