@@ -141,10 +141,10 @@ def _resize(self, size, memory_format=None):
     if needed <= old.numel:
         return storage.set_storage(self, self.untyped_storage(), offset, size, stride)
     new = DeviceStorage(needed, old.dtype)
-    if old.array is not None and old.numel:  # torch keeps the old elements: rare, through the host
+    if old.value() is not None and old.numel:  # torch keeps the old elements: rare, through the host
         from torchtpu.device import transfer
 
-        kept = transfer.download(old.array)
+        kept = transfer.download(old.value())
         new.array = transfer.upload(torch.cat([kept, torch.zeros(needed - old.numel, dtype=old.dtype)]))
     return storage.point(self, new, size, stride, offset)
 

@@ -57,28 +57,35 @@ class DeviceStorage:
         with _lock:
             _memory["allocated"] -= self.nbytes
 
+    def value(self):
+        """The current array, or None while nothing was written. Every read of a storage's
+        contents goes through here (a deferring executor would complete pending writes here)."""
+        return self.array
+
     def read(self):
         """The array, materialising zeros for a storage nothing has written."""
-        if self.array is None:
+        array = self.value()
+        if array is None:
             from torchtpu.device import transfer
 
-            self.array = transfer.zeros(self.numel, self.dtype)
-        return self.array
+            array = self.array = transfer.zeros(self.numel, self.dtype)
+        return array
 
     def retype(self, dtype: torch.dtype) -> None:
         """Reinterprets the storage's bytes as `dtype` (a program reads a tensor of another dtype
         than the one the storage was made for: Tensor.view(dtype), torch.load's byte copies)."""
         if self.nbytes % dtype.itemsize:
             raise NotImplementedError(f"a {dtype} view of a {self.nbytes}-byte tpu storage")
-        if self.array is not None:
+        array = self.value()
+        if array is not None:
             from torchtpu.device import transfer
 
-            self.array = transfer.bitcast(self.array, dtype)
+            self.array = transfer.bitcast(array, dtype)
         self.dtype, self.numel = dtype, self.nbytes // dtype.itemsize
 
     def copy(self) -> "DeviceStorage":
         """A storage with the same contents: arrays are immutable, so they can be shared."""
-        return DeviceStorage(self.numel, self.dtype, self.array)
+        return DeviceStorage(self.numel, self.dtype, self.value())
 
 
 def memory_allocated() -> int:

@@ -111,7 +111,8 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     from torchtpu.device.storage import storage_of
 
     s = storage_of(t)
-    flat = torch.zeros(s.numel, dtype=s.dtype) if s.array is None else download(s.array)
+    array = s.value()
+    flat = torch.zeros(s.numel, dtype=s.dtype) if array is None else download(array)
     if t.dtype != s.dtype:  # a view of another dtype (torch.save reads storages as bytes)
         flat = flat.view(t.dtype)
     return flat.as_strided(t.size(), t.stride(), t.storage_offset())
