@@ -150,6 +150,20 @@ def test_factories_match_torch():
     assert torch.rand_like(base).shape == (3, 2) and torch.randn_like(base).dtype == torch.float32
 
 
+def test_clones_and_casts_do_not_read_the_empty_destination():
+    host = torch.randn(3, 4)
+    dev = host.to(TPU)
+    uploads = _count("eager_uploads")
+    c = dev.clone()  # shares the immutable array until either side is written
+    c.add_(dev)
+    _same(dev, host)
+    _same(c, host * 2)
+    _same(dev.t().contiguous(), host.t().contiguous())
+    _same(dev.to(torch.bfloat16), host.to(torch.bfloat16))
+    _same(torch.zeros_like(dev), torch.zeros(3, 4))
+    assert _count("eager_uploads") == uploads  # no zeros uploaded for torch.empty_like's storage
+
+
 def test_transfers_copy_values_both_ways():
     host = torch.arange(6.0).view(2, 3)
     dev = host.to(TPU)

@@ -29,7 +29,8 @@ VIEWS = (aten.as_strided.default, aten.view.default, aten._reshape_alias.default
 DIRECT = (aten.randn.default, aten.rand.default, aten.randint.default, aten.randint.low,
           aten.randperm.default, aten.zeros.default, aten.ones.default, aten.full.default,
           aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default,
-          aten.index_put_.default, aten.index_put.default)
+          aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+          aten.rand_like.default, aten.randn_like.default, aten.index_put_.default, aten.index_put.default)
 _libraries: list = []  # torch.library registrations live as long as their Library objects
 
 
@@ -156,17 +157,29 @@ def _on_device(t: torch.Tensor) -> bool:
     return t.device.type == storage.device_name()
 
 
-def _copy_from(src, dst, non_blocking=False):
-    from torchtpu.device import strict, transfer
+def _whole(t: torch.Tensor, s: DeviceStorage) -> bool:
+    """Whether `t` is all of its storage, in order (a write to it is the storage's new value)."""
+    return t.dtype == s.dtype and t.storage_offset() == 0 and t.numel() == s.numel and t.is_contiguous()
 
+
+def _copy_from(src, dst, non_blocking=False):
+    from torchtpu.device import transfer
+
+    strict = _executor()
     if _on_device(src) and _on_device(dst):
-        strict.run(aten.copy_.default, (dst, src), {})
+        target = storage.storage_of(dst)
+        if not (_whole(dst, target) and src.shape == dst.shape):
+            strict.run(aten.copy_.default, (dst, src), {})
+        elif _whole(src, storage.storage_of(src)) and src.dtype == dst.dtype:
+            target.array = storage.storage_of(src).read()  # clone(): arrays are immutable, share it
+        else:  # a program of the values alone: the old contents of dst are not read
+            values = strict.run(aten._to_copy.default, (src,), {"dtype": dst.dtype,
+                                                                "memory_format": torch.contiguous_format})
+            target.array = storage.storage_of(values).read()
     elif _on_device(dst):
         src = src.detach().cpu()
         target = storage.storage_of(dst)
-        whole = (dst.dtype == target.dtype and dst.storage_offset() == 0 and dst.numel() == target.numel
-                 and dst.is_contiguous() and tuple(src.shape) == tuple(dst.shape))
-        if whole:  # the upload is the storage's new value
+        if _whole(dst, target) and src.shape == dst.shape:  # the upload is the storage's new value
             target.array = transfer.upload(src.to(dst.dtype))
         else:  # a part of the storage, a broadcast or a cast: a device copy_ from the uploaded values
             values = storage.wrap(DeviceStorage(src.numel(), src.dtype, transfer.upload(src)), src.shape)

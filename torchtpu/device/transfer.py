@@ -17,6 +17,7 @@ from torchtpu import counters
 from torchtpu.runtime import platform, transfer
 
 _ZEROS_KEPT = 64  # distinct (numel, dtype) zero arrays kept for empty storages (arrays are immutable)
+_ZEROS_KEPT_BYTES = 1 << 20  # larger ones are made each time: a kept one would hold device memory
 _SCALARS_KEPT = 4096
 _zeros: dict = {}
 _scalars: dict = {}
@@ -47,7 +48,9 @@ def download(array) -> torch.Tensor:
 
 
 def zeros(numel: int, dtype: torch.dtype):
-    """A flat array of zeros, shared by every storage of that size (what torch.empty reads)."""
+    """A flat array of zeros (what torch.empty reads), shared by every small storage of that size."""
+    if numel * dtype.itemsize > _ZEROS_KEPT_BYTES:
+        return upload(torch.zeros(numel, dtype=dtype))
     key = (numel, dtype)
     array = _zeros.get(key)
     if array is None:
