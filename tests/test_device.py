@@ -304,6 +304,15 @@ def test_changing_python_numbers_compile_nothing():
     assert _count("eager_programs") == programs
 
 
+def test_constants_keep_signed_zero_and_nan():
+    assert torch.signbit(torch.full((2,), -0.0, device=TPU).cpu()).all()
+    assert not torch.signbit(torch.full((2,), 0.0, device=TPU).cpu()).any()
+    torch.full((2,), float("nan"), device=TPU)
+    programs = _count("eager_programs")
+    assert torch.full((2,), float("nan"), device=TPU).cpu().isnan().all()  # a new NaN object: same program
+    assert _count("eager_programs") == programs
+
+
 def test_wrapped_numbers_keep_torch_promotion():
     h = torch.tensor(1.5, dtype=torch.bfloat16)
     _same(h.to(TPU) * 0.5, h * 0.5)  # a 0-d bfloat16 stays bfloat16

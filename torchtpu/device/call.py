@@ -16,6 +16,7 @@ any other CPU tensor with dimensions is torch's mixed-device error.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -160,6 +161,8 @@ class _State:
             self.scalars.append(v)
             dtype = torch.get_default_dtype() if cls is float else torch.int64
             return (SCALAR, len(self.scalars) - 1, dtype, "number")
+        if cls is float and (v != v or v == 0):  # NaN is not equal to itself; -0.0 equals 0.0
+            return (cls, math.nan) if v != v else (cls, v, math.copysign(1.0, v))
         if cls in (int, float, bool, complex):
             return (cls, v)  # 1, 1.0 and True are different programs
         if cls is torch.device:

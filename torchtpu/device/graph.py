@@ -127,7 +127,7 @@ def _decode(t, bases, scalars, sentinels):
             return _view_of(bases[i], size, stride, offset)
         if head is SCALAR:
             return sentinels[t[1]] if t[3] == "number" else scalars[t[1]]
-        if len(t) == 2 and head in (int, float, bool, complex):
+        if len(t) in (2, 3) and head in (int, float, bool, complex):  # (type, value[, sign of a zero])
             return t[1]
         return [_decode(x, bases, scalars, sentinels) for x in t]
     if t is DEVICE:
