@@ -7,7 +7,7 @@
     (torch's wrapped numbers: `x * 0.9`, `t / bias_correction`), a float in a Scalar argument
     named in LIFTED (`alpha`, `value`: learning rates, step sizes), a 0-d CPU tensor;
 and keeps every other argument (sizes, dims, dtypes, flags, bools, other Scalars) as a constant
-of the program. The key is the op, the storages' (numel, dtype) and that template: two calls
+of the program. The key is the op, the storages' (shape, dtype) and that template: two calls
 with equal keys run the same program.
 
 CPU index tensors (`x[cpu_index]`) are uploaded, as torch accepts them for device tensors;
@@ -138,7 +138,7 @@ def describe(op, args, kwargs, lift: bool = True) -> OpCall:
     template = tuple([encode(v, a) for v, a in zip(values, schema.args)])
     if state.f64:  # a float64 computation takes its runtime floats at full precision
         template = _widen(template)
-    key = (id(op), tuple([(s.numel, s.dtype) for s in state.storages]), template, torch.get_default_dtype())
+    key = (id(op), tuple([(s.shape, s.dtype) for s in state.storages]), template, torch.get_default_dtype())
     return OpCall(op, values, template, state.storages, state.scalars, key)
 
 

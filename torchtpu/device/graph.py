@@ -3,10 +3,11 @@
 The op is traced the way AOTAutograd traces a model: make_fx over fake inputs, functionalized,
 with the compiler's decomposition table, so a rule serves eager ops and compiled graphs alike
 and ops without a rule go through the same decompositions. The traced function takes each
-storage as a flat 1-d input, rebuilds the arguments as views of them (slice/view, or as_strided),
-calls the op, and returns each new result flattened in torch's memory order; functionalization
-turns writes through views into scatters onto the flat storages (slice_scatter,
-as_strided_scatter), whose new values become extra outputs.
+storage's array as an input, flattens it (free in XLA), rebuilds the arguments as views of it
+(slice/view, or as_strided), calls the op, and returns each new result in torch's memory order
+for it (a permuted result is returned transposed); functionalization turns writes through views
+into scatters onto the storages (slice_scatter, as_strided_scatter), whose new values become
+extra outputs.
 
 A runtime number (call.py: `x * 0.9`, `add(x, y, alpha=lr)`, `addcdiv(..., value=-step)`) is
 traced as a Python number, twice, with two sentinel values, so the traced dtypes are torch's for
@@ -73,7 +74,7 @@ def op_graph(call: OpCall) -> tuple[torch.fx.GraphModule, list, Plan]:
                                   f"registers the view ops it supports)")
     fake_mode = FakeTensorMode()
     with fake_mode:
-        bases = [torch.empty((numel,), dtype=dtype) for numel, dtype in call.key[1]]
+        bases = [torch.empty(shape, dtype=dtype) for shape, dtype in call.key[1]]
         scalars = [torch.empty((), dtype=m[2]) for m in scalar_markers(call.template)]
     numbers = [m for m in scalar_markers(call.template) if m[3] == "number"]
     try:
@@ -142,10 +143,11 @@ def _contiguous(size, stride) -> bool:
 def _view_of(base, size, stride, offset):
     numel = math.prod(size)
     if _contiguous(size, stride):
-        if offset == 0 and numel == base.shape[0]:
-            return base.view(size)
+        if offset == 0 and numel == base.numel():
+            return base if tuple(base.shape) == tuple(size) else base.view(size)
+        base = base.reshape(-1)
         return base[offset:offset + numel].view(size)
-    return base.as_strided(size, stride, offset)
+    return base.as_strided(size, stride, offset)  # on the base itself: a chain ending in as_strided does not functionalize
 
 
 def _call_args(call: OpCall, decoded: list):
@@ -167,20 +169,21 @@ def _resized_outs(call, bases, scalars, fake_mode) -> dict[int, tuple]:
         return {}
     sentinels = {m[1]: 1 for m in scalar_markers(call.template)}
     with fake_mode:
-        decoded = [_decode(t, bases, scalars, sentinels) for t in call.template]
+        scratch = [torch.empty_like(b) for b in bases]  # the op resizes what it is given
+        decoded = [_decode(t, scratch, scalars, sentinels) for t in call.template]
         given = {i: tuple(decoded[i].shape) for i in outs}
         args, kwargs = _call_args(call, decoded)
         call.op(*args, **kwargs)
     return {i: (tuple(decoded[i].shape), decoded[i].stride()) for i in outs if tuple(decoded[i].shape) != given[i]}
 
 
-def _flat(r):
-    """A result flattened in torch's memory order for it, and the size/stride that reads it back."""
+def _in_memory_order(r):
+    """A result as an array in torch's memory order for it, and the size/stride that read it."""
     size, stride = tuple(r.shape), tuple(r.stride())
     if r.dim() > 1 and is_non_overlapping_and_dense(r) and not _contiguous(size, stride):
         order = sorted(range(r.dim()), key=lambda d: -stride[d])
-        return r.permute(order).reshape(-1), size, stride
-    return r.reshape(-1), size, tuple(contiguous_stride(size))
+        return r.permute(order), size, stride
+    return r, size, tuple(contiguous_stride(size))
 
 
 def _trace(call, bases, scalars, resized, fake_mode, sentinels):
@@ -212,8 +215,8 @@ def _plan_return(r, alias, resized, results):
         return ("list", [_plan_return(x, None, resized, results) for x in r])
     if alias is not None and alias not in resized:
         return ("arg", alias)
-    flat, size, stride = _flat(r)
-    results.append(flat)
+    ordered, size, stride = _in_memory_order(r)
+    results.append(ordered)
     if alias is not None:
         return ("resized", alias, len(results) - 1, size, stride, r.dtype)
     return ("fresh", len(results) - 1, size, stride, r.dtype)

@@ -145,8 +145,8 @@ def _resize(self, size, memory_format=None):
     if old.value() is not None and old.numel:  # torch keeps the old elements: rare, through the host
         from torchtpu.device import transfer
 
-        kept = transfer.download(old.value())
-        new.array = transfer.upload(torch.cat([kept, torch.zeros(needed - old.numel, dtype=old.dtype)]))
+        kept = transfer.download(old.value()).reshape(-1)
+        new.set(transfer.upload(torch.cat([kept, torch.zeros(needed - old.numel, dtype=old.dtype)])))
     return storage.point(self, new, size, stride, offset)
 
 
@@ -171,16 +171,16 @@ def _copy_from(src, dst, non_blocking=False):
         if not (_whole(dst, target) and src.shape == dst.shape):
             strict.run(aten.copy_.default, (dst, src), {})
         elif _whole(src, storage.storage_of(src)) and src.dtype == dst.dtype:
-            target.array = storage.storage_of(src).read()  # clone(): arrays are immutable, share it
+            target.set(storage.storage_of(src).read())  # clone(): arrays are immutable, share it
         else:  # a program of the values alone: the old contents of dst are not read
             values = strict.run(aten._to_copy.default, (src,), {"dtype": dst.dtype,
                                                                 "memory_format": torch.contiguous_format})
-            target.array = storage.storage_of(values).read()
+            target.set(storage.storage_of(values).read())
     elif _on_device(dst):
         src = src.detach().cpu()
         target = storage.storage_of(dst)
         if _whole(dst, target) and src.shape == dst.shape:  # the upload is the storage's new value
-            target.array = transfer.upload(src.to(dst.dtype))
+            target.set(transfer.upload(src.to(dst.dtype)))
         else:  # a part of the storage, a broadcast or a cast: a device copy_ from the uploaded values
             values = storage.wrap(DeviceStorage(src.numel(), src.dtype, transfer.upload(src)), src.shape)
             strict.run(aten.copy_.default, (dst, values), {})

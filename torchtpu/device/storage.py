@@ -2,9 +2,10 @@
 
 A tpu tensor is a real PrivateUse1 tensor: torch keeps its size, stride, storage offset, view
 relations and version counter. Its torch storage holds no memory; it carries a DeviceStorage
-(`untyped_storage()._tpu`) whose `array` is a 1-d jax.Array of the storage's elements. Every
-view of a storage reads that array through its own size/stride/offset, and a write replaces
-the array, so all views and the base see it.
+(`untyped_storage()._tpu`) whose `array` is a jax.Array of the storage's elements in memory
+order, in the shape of the tensor that wrote it (so a compiled graph can take it as it is).
+Every view of a storage reads that array through its own size/stride/offset, and a write
+replaces the array, so all views and the base see it.
 
 Each storage gets its own address range in a space no process memory uses (above 2**48, not
 canonical on x86-64 and arm64): `data_ptr()` tells storages apart and orders views inside one,
@@ -33,17 +34,18 @@ class DeviceStorage:
     """The device memory of one torch storage.
 
     Attributes:
-        array: a 1-d jax.Array of `numel` elements of `dtype`, or None while nothing was
-            written (torch.empty): readers then see zeros.
+        array: a jax.Array of `numel` elements of `dtype` in memory order, or None while
+            nothing was written (torch.empty): readers then see zeros. Written through `set`.
+        shape: the array's shape ((numel,) while there is none).
         numel: elements of `dtype` the storage holds.
-        dtype: the dtype of the tensor the storage was made for; views of another dtype are
-            read on the host only (see host_view).
+        dtype: the dtype of the tensor the storage was made for (retype reinterprets it).
     """
 
-    __slots__ = ("array", "numel", "dtype", "nbytes", "address")
+    __slots__ = ("array", "shape", "numel", "dtype", "nbytes", "address")
 
     def __init__(self, numel: int, dtype: torch.dtype, array=None):
         self.array = array
+        self.shape = (numel,) if array is None else tuple(array.shape)
         self.numel = numel
         self.dtype = dtype
         self.nbytes = numel * dtype.itemsize
@@ -62,13 +64,18 @@ class DeviceStorage:
         contents goes through here (a deferring executor would complete pending writes here)."""
         return self.array
 
+    def set(self, array) -> None:
+        """The storage's new contents (any shape of `numel` elements, in memory order)."""
+        self.array, self.shape = array, tuple(array.shape)
+
     def read(self):
         """The array, materialising zeros for a storage nothing has written."""
         array = self.value()
         if array is None:
             from torchtpu.device import transfer
 
-            array = self.array = transfer.zeros(self.numel, self.dtype)
+            array = transfer.zeros(self.numel, self.dtype)
+            self.set(array)
         return array
 
     def retype(self, dtype: torch.dtype) -> None:
@@ -77,11 +84,13 @@ class DeviceStorage:
         if self.nbytes % dtype.itemsize:
             raise NotImplementedError(f"a {dtype} view of a {self.nbytes}-byte tpu storage")
         array = self.value()
-        if array is not None:
+        self.dtype, self.numel = dtype, self.nbytes // dtype.itemsize
+        if array is None:
+            self.shape = (self.numel,)
+        else:
             from torchtpu.device import transfer
 
-            self.array = transfer.bitcast(array, dtype)
-        self.dtype, self.numel = dtype, self.nbytes // dtype.itemsize
+            self.set(transfer.bitcast(array, dtype))
 
     def copy(self) -> "DeviceStorage":
         """A storage with the same contents: arrays are immutable, so they can be shared."""

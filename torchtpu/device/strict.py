@@ -107,7 +107,7 @@ class Strict:
 
 def _apply(call: OpCall, program: Program, results: list):
     for storage_index, r in program.plan.mutated:
-        call.storages[storage_index].array = results[r]
+        call.storages[storage_index].set(results[r])
     returns = [_value(entry, call, results) for entry in program.plan.returns]
     if not returns:
         return None

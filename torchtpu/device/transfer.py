@@ -30,17 +30,17 @@ def device() -> jax.Device:
 
 
 def upload(t: torch.Tensor):
-    """A host tensor's values as a new flat device array of its dtype."""
-    flat = t.detach().reshape(-1)
+    """A host tensor's values as a new device array of its shape and dtype."""
+    t = t.detach()
     if transfer.zero_copy(device()):
-        flat = flat.clone()  # the device array views this memory: nobody else may write it
+        t = t.clone(memory_format=torch.contiguous_format)  # the array views this memory: nobody else may write it
     counters.bump("eager_uploads")
     with jax.enable_x64(True):
-        return transfer.to_device(flat, device())
+        return transfer.to_device(t, device())
 
 
 def download(array) -> torch.Tensor:
-    """A flat device array as a host tensor (on the CPU platform a read-only view of it)."""
+    """A device array as a host tensor (on the CPU platform a read-only view of it)."""
     counters.bump("eager_downloads")
     if device().platform == "cpu":
         return transfer.from_cpu_buffer(array)
@@ -74,6 +74,7 @@ def scalar(value, dtype: torch.dtype):
 @functools.cache
 def _bitcast_fn(source, target, ratio: int):
     def fn(a):
+        a = a.reshape(-1)
         if ratio > 1:  # to a wider type: groups of `ratio` elements become one
             a = a.reshape(-1, ratio)
         out = jax.lax.bitcast_convert_type(a, target)
@@ -83,7 +84,7 @@ def _bitcast_fn(source, target, ratio: int):
 
 
 def bitcast(array, dtype: torch.dtype):
-    """The flat array's bytes as `dtype` (storage plumbing for dtype views, not an op)."""
+    """The array's bytes as a flat array of `dtype` (storage plumbing for dtype views, not an op)."""
     from torchtpu.compiler.dtypes import to_jax
 
     target = to_jax(dtype)
@@ -115,7 +116,7 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 
     s = storage_of(t)
     array = s.value()
-    flat = torch.zeros(s.numel, dtype=s.dtype) if array is None else download(array)
+    flat = torch.zeros(s.numel, dtype=s.dtype) if array is None else download(array).reshape(-1)
     if t.dtype != s.dtype:  # a view of another dtype (torch.save reads storages as bytes)
         flat = flat.view(t.dtype)
     return flat.as_strided(t.size(), t.stride(), t.storage_offset())
