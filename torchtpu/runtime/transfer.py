@@ -20,6 +20,16 @@ from torchtpu.compiler.spec import contiguous_stride
 
 _KDLCPU = 1
 
+# Torch device types whose tensors hold device arrays of their own (torchtpu.device registers
+# "tpu" when its runtime starts): type -> (array_of(tensor, jax device), tensor_of(array)).
+_DEVICE_TENSORS: dict = {}
+
+
+def register_device_tensors(device_type: str, array_of, tensor_of) -> None:
+    """Lets programs take tensors of `device_type` as their device arrays and give their results
+    back as such tensors, with no host copy either way."""
+    _DEVICE_TENSORS[device_type] = (array_of, tensor_of)
+
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
     """A tensor whose strides are exactly row-major: PJRT executables take the default layout,
@@ -53,6 +63,9 @@ def to_device(t: torch.Tensor, device: jax.Device):
     t = _dense(t)
     if t.is_cpu and device.platform == "cpu":
         return _from_host_dlpack(t, device)
+    own = _DEVICE_TENSORS.get(t.device.type)
+    if own is not None:
+        return own[0](t, device)
     if t.device.type == "cuda" and device.platform == "gpu":
         return jax.dlpack.from_dlpack(t)
     return jax.device_put(jax.dlpack.from_dlpack(t.cpu()), device)
@@ -65,6 +78,9 @@ def from_cpu_buffer(array) -> torch.Tensor:
 
 
 def to_torch(array, like_device: torch.device | None = None) -> torch.Tensor:
+    own = _DEVICE_TENSORS.get(like_device.type) if like_device is not None else None
+    if own is not None:
+        return own[1](array)
     platform = next(iter(array.devices())).platform
     if platform == "cpu":
         out = from_cpu_buffer(array)
