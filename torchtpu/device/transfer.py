@@ -120,3 +120,35 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     if t.dtype != s.dtype:  # a view of another dtype (torch.save reads storages as bytes)
         flat = flat.view(t.dtype)
     return flat.as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+def _array_of(t: torch.Tensor, target: jax.Device):
+    """A tpu tensor as a compiled graph's input: its storage's array when the tensor is all of
+    it in that shape, else a copy of the tensor's values (one program)."""
+    from torchtpu.device.storage import storage_of
+
+    s = storage_of(t)
+    if not (t.dtype == s.dtype and t.storage_offset() == 0 and t.is_contiguous() and s.shape == tuple(t.shape)):
+        s = storage_of(t.clone(memory_format=torch.contiguous_format))
+    array = s.read()
+    return array if target == device() else jax.device_put(array, target)
+
+
+def _tensor_of(array) -> torch.Tensor:
+    """A compiled graph's result as a tpu tensor over the array itself."""
+    from torchtpu.compiler.dtypes import to_torch
+    from torchtpu.device.storage import DeviceStorage, wrap
+
+    if next(iter(array.devices())) != device():
+        array = jax.device_put(array, device())
+    dtype = to_torch(array.dtype)
+    return wrap(DeviceStorage(math.prod(array.shape), dtype, array), tuple(array.shape), None, 0, dtype)
+
+
+def _register_with_runtime() -> None:
+    from torchtpu.device.storage import device_name
+
+    transfer.register_device_tensors(device_name(), _array_of, _tensor_of)
+
+
+_register_with_runtime()
