@@ -480,3 +480,6 @@ def test_compiled_graphs_take_and_return_device_arrays():
     cpu(x).square().mean().backward()
     for p, q in zip(dev.parameters(), cpu.parameters()):
         torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-5)
+    for m in (dev, cpu):  # a write through .data bumps no version counter: the graph still sees it
+        m[0].weight.data.copy_(m[0].weight.data * 2)
+    torch.testing.assert_close(compiled(xd).cpu(), cpu(x).detach(), atol=1e-5, rtol=1e-5)

@@ -164,7 +164,7 @@ class Executable:
             raise NotRunnableHere(f"this executable was compiled for {self.device} without one attached")
         layout, device = self.layout, self.device
         like = args[layout.tensor_inputs[0]].device if layout.tensor_inputs else None  # outputs go there
-        if resident:
+        if resident and not transfer.holds_arrays(like):  # a tpu parameter's array is its own
             arrays = [residency.resident(args[i], device, self._put) if i in resident
                       else transfer.to_device(args[i], device) for i in layout.tensor_inputs]
         else:

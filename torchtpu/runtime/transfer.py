@@ -31,6 +31,11 @@ def register_device_tensors(device_type: str, array_of, tensor_of) -> None:
     _DEVICE_TENSORS[device_type] = (array_of, tensor_of)
 
 
+def holds_arrays(device: torch.device | None) -> bool:
+    """Whether tensors on `device` hold their device arrays (residency has nothing to keep)."""
+    return device is not None and device.type in _DEVICE_TENSORS
+
+
 def _dense(t: torch.Tensor) -> torch.Tensor:
     """A tensor whose strides are exactly row-major: PJRT executables take the default layout,
     and DLPack would otherwise carry torch's free strides of size-1 dims through."""
