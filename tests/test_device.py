@@ -372,6 +372,24 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
+def test_conv_net_forward_backward_and_scans_match_cpu():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
+    dev = copy.deepcopy(cpu).to(TPU)
+    x = torch.randn(2, 3, 8, 8)
+    expected, got = cpu(x), dev(x.to(TPU))
+    torch.testing.assert_close(got.cpu(), expected.detach(), atol=1e-5, rtol=1e-5)
+    expected.square().sum().backward()
+    got.square().sum().backward()
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-4, rtol=1e-5)
+    v = torch.randn(7)
+    values, indices = v.to(TPU).cummax(0)
+    _same(values, v.cummax(0).values)
+    _same(indices, v.cummax(0).indices)
+    _same(torch.quantile(v.to(TPU), 0.3), torch.quantile(v, 0.3), atol=1e-6)  # as_strided_ stays metadata
+
+
 def test_linear_forward_backward_matches_cpu():
     torch.manual_seed(0)
     cpu = torch.nn.Linear(5, 3)

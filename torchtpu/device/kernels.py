@@ -25,8 +25,11 @@ aten = torch.ops.aten
 KEY = "PrivateUse1"
 VIEWS = (aten.as_strided.default, aten.view.default, aten._reshape_alias.default, aten.unfold.default)
 # Run as one program each rather than torch's composite: factories (else empty + an in-place
-# fill), index_put (else _index_put_impl_, which has no functional form with a rule).
-DIRECT = (aten.randn.default, aten.rand.default, aten.randint.default, aten.randint.low,
+# fill), index_put (else _index_put_impl_, which has no functional form with a rule),
+# convolutions (else convolution_overrideable, a backend's own kernel), cummax/cummin (else
+# _cummax_helper, which writes its outputs and has no functional form).
+DIRECT = (aten.convolution.default, aten.convolution_backward.default, aten.cummax.default,
+          aten.cummin.default, aten.randn.default, aten.rand.default, aten.randint.default, aten.randint.low,
           aten.randperm.default, aten.zeros.default, aten.ones.default, aten.full.default,
           aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default,
           aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
@@ -75,7 +78,10 @@ def _structured() -> list[str]:
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     return [name[len("aten::"):] for name in torch._C._dispatch_get_all_op_names()
             if name.startswith("aten::") and has(name, "CompositeExplicitAutogradNonFunctional")
-            and not has(name, KEY)]
+            and not has(name, KEY) and name not in _METADATA_ONLY]
+
+
+_METADATA_ONLY = {"aten::as_strided_"}  # torch's composite only sets size/stride/offset: keep it
 
 
 class _Structured:
