@@ -388,6 +388,8 @@ def test_conv_net_forward_backward_and_scans_match_cpu():
     _same(values, v.cummax(0).values)
     _same(indices, v.cummax(0).indices)
     _same(torch.quantile(v.to(TPU), 0.3), torch.quantile(v, 0.3), atol=1e-6)  # as_strided_ stays metadata
+    up = torch.nn.functional.interpolate  # eager reaches upsample_bilinear2d.default, not .vec
+    _same(up(x.to(TPU), scale_factor=2, mode="bilinear"), up(x, scale_factor=2, mode="bilinear"), atol=1e-5)
 
 
 def test_linear_forward_backward_matches_cpu():

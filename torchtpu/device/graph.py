@@ -24,6 +24,7 @@ copy of its arguments.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -32,6 +33,8 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
                                            FakeTensorMode)
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from torch._decomp import get_decompositions
+
 from torchtpu.compiler.decompositions import decomposition_table
 from torchtpu.device.call import DEVICE, SCALAR, TENSOR, OpCall, kind_of, schema_of
 from torchtpu.device.storage import contiguous_stride
@@ -39,6 +42,19 @@ from torchtpu.device.storage import contiguous_stride
 aten = torch.ops.aten
 _SENTINELS = ((1.2345678901234567e-7, 7919), (7.654321098765432e-9, 7907))  # (float, int) per trace
 _ALPHA_OPS = {aten.add.Tensor: aten.add.Tensor, aten.sub.Tensor: aten.sub.Tensor}
+
+
+# Overloads eager dispatch reaches that compiled graphs never contain: torch runs their
+# CompositeImplicit parents (upsample_*.vec, which the compiler's table decomposes) down to them.
+_EAGER_ONLY = [aten.upsample_bilinear2d.default, aten.upsample_nearest2d.default, aten.upsample_bicubic2d.default,
+               aten.upsample_linear1d.default, aten.upsample_nearest1d.default, aten.upsample_nearest3d.default,
+               aten.upsample_trilinear3d.default]
+
+
+@functools.cache
+def _decompositions() -> dict:
+    """The compiler's decomposition table, plus torch's own for _EAGER_ONLY."""
+    return {**get_decompositions(_EAGER_ONLY), **decomposition_table()}
 
 
 class ScalarBaked(Exception):
@@ -203,7 +219,7 @@ def _trace(call, bases, scalars, resized, fake_mode, sentinels):
         return tuple(results)
 
     with fake_mode:
-        gm = make_fx(torch.func.functionalize(fn), decomposition_table=decomposition_table())(*bases, *scalars)
+        gm = make_fx(torch.func.functionalize(fn), decomposition_table=_decompositions())(*bases, *scalars)
     plan.mutated = _mutations_to_outputs(gm, len(bases))
     return gm, plan
 
