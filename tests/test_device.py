@@ -503,3 +503,19 @@ def test_compiled_graphs_take_and_return_device_arrays():
     for m in (dev, cpu):  # a write through .data bumps no version counter: the graph still sees it
         m[0].weight.data.copy_(m[0].weight.data * 2)
     torch.testing.assert_close(compiled(xd).cpu(), cpu(x).detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_programs_with_lapack_calls_load_from_a_warm_disk_cache(tmp_path):
+    """A program calling LAPACK (logdet) loaded from the disk cache in a fresh process: jaxlib had
+    not set up its LAPACK kernels yet and the call crashed the process."""
+    script = ("import torch, torchtpu, torchtpu.device\n"
+              "x = torch.tensor([[1.5, 0.2], [0.1, 2.0]])\n"
+              "print(torch.logdet(x.to('tpu')).item(), torchtpu.stats().get('disk_hits', 0))\n")
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+            for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    (value, cold_hits), (again, warm_hits) = (map(float, r.stdout.split()) for r in runs)
+    assert value == again == pytest.approx(torch.logdet(torch.tensor([[1.5, 0.2], [0.1, 2.0]])).item())
+    assert cold_hits == 0 and warm_hits >= 1

@@ -149,6 +149,7 @@ class Executable:
         if device.platform == "cpu":  # it may call ATen's kernels (kernels/aten_cpu.py)
             from torchtpu.kernels import aten_cpu
             aten_cpu.register_built()
+            _initialize_lapack()
         return cls(client.deserialize_executable(blob, [device], None), layout, device)
 
     def run(self, args: list, resident: frozenset[int] = frozenset(), dense_from: int | None = None) -> list:
@@ -197,6 +198,15 @@ class Executable:
         if self.layout.checks:  # a host sync of one int32, as in `run`
             checks.raise_if_failed(self.layout.checks, transfer.scalar(results.pop()))
         return results
+
+
+def _initialize_lapack() -> None:
+    """jaxlib fills in its LAPACK kernels' function pointers when it first lowers a linear-algebra
+    op; a program loaded from the cache in a fresh process calls them before that (and crashed:
+    torch.logdet, from a warm disk cache). Idempotent."""
+    from jax._src.lib import lapack
+
+    lapack._lapack.initialize()
 
 
 def torch_outputs(layout: ProgramLayout, tensor_at: Callable[[int], torch.Tensor],
