@@ -270,6 +270,21 @@ def test_version_counters_and_autograd_see_in_place_writes():
         saved.sum().backward()
 
 
+def test_conjugate_and_negative_views_are_values():
+    """conj() on tpu gives the conjugate values (no conjugate bit: torch's C++ resolves that bit
+    by reading memory, which crashed the process for this device)."""
+    x = torch.randn(4)
+    z = torch.complex(x, 2 * x)
+    dz = z.to(TPU)
+    _same(dz.conj() + 1, z.conj() + 1)
+    _same(dz.conj().clone(), z.conj().resolve_conj())
+    assert not dz.conj().is_conj()
+    w = torch.randn(5, 6, 7)
+    _same(torch.fft.hfft(w.to(TPU), n=10, dim=1, norm="ortho"), torch.fft.hfft(w, n=10, dim=1, norm="ortho"),
+          atol=1e-5)
+    _same(torch._neg_view(x.to(TPU)) * 1, -x)
+
+
 def test_zero_size_and_scalars():
     e = torch.zeros(0, 3, device=TPU)
     _same(e + 1, torch.zeros(0, 3) + 1)

@@ -50,7 +50,7 @@ def register() -> None:
                          ("set_.source_Storage", _set_whole_storage), ("set_.source_Tensor", _set_tensor),
                          ("set_", _set_empty), ("resize_", _resize),
                          ("_copy_from", _copy_from), ("_copy_from_and_resize", _copy_from_and_resize),
-                         ("_local_scalar_dense", _item)]:
+                         ("_local_scalar_dense", _item), ("_conj", _conj), ("_neg_view", _neg_view)]:
         lib.impl(name, kernel, KEY)
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_fallback, KEY)
@@ -154,6 +154,17 @@ def _resize(self, size, memory_format=None):
         kept = transfer.download(old.value()).reshape(-1)
         new.set(transfer.upload(torch.cat([kept, torch.zeros(needed - old.numel, dtype=old.dtype)])))
     return storage.point(self, new, size, stride, offset)
+
+
+def _conj(self):
+    """conj() of a complex tensor: the conjugate values, not a view with torch's conjugate bit.
+    torch's C++ resolves that bit for backends it knows by reading memory; for ours it crashed."""
+    return _executor().run(aten._conj_physical.default, (self,), {})
+
+
+def _neg_view(self):
+    """The negative bit's view (torch makes one for conj of imaginary parts): the negated values."""
+    return _executor().run(aten.neg.default, (self,), {})
 
 
 # --- transfers ---------------------------------------------------------------------------------
