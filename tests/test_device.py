@@ -335,6 +335,14 @@ def test_wrapped_numbers_keep_torch_promotion():
     _same(i.to(TPU) + 3, i + 3)
     _same(i.to(TPU) * 0.5, i * 0.5)
     _same(torch.ones(2, dtype=torch.bool).to(TPU) + 1, torch.ones(2, dtype=torch.bool) + 1)
+    # ops that refuse a Python number for a Tensor argument get it as a 0-d input instead
+    x = torch.randn(3, 4)
+    _same(torch.remainder(x.to(TPU), 0.7), torch.remainder(x, 0.7), atol=1e-6)
+    programs = _count("eager_programs")
+    _same(torch.remainder(x.to(TPU), 0.3), torch.remainder(x, 0.3), atol=1e-6)
+    assert _count("eager_programs") == programs
+    index = torch.randint(0, 4, (3, 2))
+    _same(torch.take_along_dim(x.to(TPU), index.to(TPU), 1), torch.take_along_dim(x, index, 1))
 
 
 def test_mixed_devices_raise_torchs_error():

@@ -36,10 +36,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch._decomp import get_decompositions
 
 from torchtpu.compiler.decompositions import decomposition_table
-from torchtpu.device.call import DEVICE, SCALAR, TENSOR, OpCall, kind_of, schema_of
+from torchtpu.device.call import DEVICE, SCALAR, TENSOR, Marker, OpCall, kind_of, schema_of
 from torchtpu.device.storage import contiguous_stride
 
 aten = torch.ops.aten
+CONSTANT = Marker("constant tensor")  # a number given to the op as a 0-d tensor (see _numbers_as_tensors)
 _SENTINELS = ((1.2345678901234567e-7, 7919), (7.654321098765432e-9, 7907))  # (float, int) per trace
 _ALPHA_OPS = {aten.add.Tensor: aten.add.Tensor, aten.sub.Tensor: aten.sub.Tensor}
 
@@ -92,6 +93,8 @@ def op_graph(call: OpCall) -> tuple[torch.fx.GraphModule, list, Plan]:
     with fake_mode:
         bases = [torch.empty(shape, dtype=dtype) for shape, dtype in call.key[1]]
         scalars = [torch.empty((), dtype=m[2]) for m in scalar_markers(call.template)]
+    if _rejects_numbers(call, bases, scalars, fake_mode):
+        call = dataclasses.replace(call, template=_numbers_as_tensors(call))
     numbers = [m for m in scalar_markers(call.template) if m[3] == "number"]
     try:
         resized = _resized_outs(call, bases, scalars, fake_mode)
@@ -115,6 +118,57 @@ def op_graph(call: OpCall) -> tuple[torch.fx.GraphModule, list, Plan]:
     if traced[0][0].code != traced[1][0].code:
         raise ScalarBaked(f"{call.op}: its graph depends on a number's value")
     return traced[0][0], bases + scalars, traced[0][1]
+
+
+_REJECTS_NUMBERS: dict[int, bool] = {}  # by id(op)
+_NOT_A_TENSOR = "Expected a value of type 'Tensor'"
+
+
+def _number_slots(call) -> list[int]:
+    """Tensor arguments holding a Python number (torch's wrapped numbers, as the dispatcher hands
+    them to Python kernels)."""
+    slots = []
+    for i, (t, arg) in enumerate(zip(call.template, schema_of(call.op).args)):
+        if arg.kind == "tensor" and isinstance(t, tuple) and t and (
+                (t[0] is SCALAR and t[3] == "number") or (len(t) in (2, 3) and t[0] in (int, float, bool))):
+            slots.append(i)
+    return slots
+
+
+def _rejects_numbers(call, bases, scalars, fake_mode) -> bool:
+    """Whether the op refuses a Python number for a Tensor argument when called from Python (torch
+    allows it for add, mul, eq, ...; not for remainder, special_hermite_polynomial_h, ...)."""
+    if not _number_slots(call):
+        return False
+    known = _REJECTS_NUMBERS.get(id(call.op))
+    if known is None:
+        known = False
+        try:
+            with fake_mode:
+                scratch = [torch.empty_like(b) for b in bases]
+                decoded = [_decode(t, scratch, scalars, {m[1]: 1 for m in scalar_markers(call.template)})
+                           for t in call.template]
+                args, kwargs = _call_args(call, decoded)
+                call.op(*args, **kwargs)
+        except RuntimeError as e:
+            known = _NOT_A_TENSOR in str(e)
+        except Exception:  # noqa: BLE001 — the trace reports anything else
+            pass
+        _REJECTS_NUMBERS[id(call.op)] = known
+    return known
+
+
+def _numbers_as_tensors(call) -> tuple:
+    """The template with each number in a Tensor argument given as a 0-d tensor: a runtime
+    number as its input itself, a constant as a 0-d constant (of its type's default dtype)."""
+    template = list(call.template)
+    for i in _number_slots(call):
+        t = template[i]
+        if t[0] is SCALAR:
+            template[i] = (SCALAR, t[1], t[2], "host")  # the input is the 0-d tensor: no sentinel
+        else:
+            template[i] = (CONSTANT, t[1])
+    return tuple(template)
 
 
 def scalar_markers(template) -> list[tuple]:
@@ -144,12 +198,19 @@ def _decode(t, bases, scalars, sentinels):
             return _view_of(bases[i], size, stride, offset)
         if head is SCALAR:
             return sentinels[t[1]] if t[3] == "number" else scalars[t[1]]
+        if head is CONSTANT:
+            return _constant_tensor(t[1])
         if len(t) in (2, 3) and head in (int, float, bool, complex):  # (type, value[, sign of a zero])
             return t[1]
         return [_decode(x, bases, scalars, sentinels) for x in t]
     if t is DEVICE:
         return torch.device("cpu")
     return t
+
+
+def _constant_tensor(value):
+    dtype = {bool: torch.bool, int: torch.int64}.get(type(value), torch.get_default_dtype())
+    return torch.scalar_tensor(value, dtype=dtype)
 
 
 def _contiguous(size, stride) -> bool:
