@@ -283,6 +283,14 @@ def test_conjugate_and_negative_views_are_values():
     _same(torch.fft.hfft(w.to(TPU), n=10, dim=1, norm="ortho"), torch.fft.hfft(w, n=10, dim=1, norm="ortho"),
           atol=1e-5)
     _same(torch._neg_view(x.to(TPU)) * 1, -x)
+    pairs = torch.randn(3, 2)  # view_as_complex/view_as_real: one storage read as two dtypes
+    dc = torch.view_as_complex(pairs.to(TPU))
+    _same(dc * 2, torch.view_as_complex(pairs) * 2)
+    real = torch.view_as_real(dc)
+    real[0, 1] = 100.0  # a write through the float view reaches the complex tensor
+    expected = torch.view_as_complex(pairs.clone())
+    torch.view_as_real(expected)[0, 1] = 100.0
+    _same(dc, expected)
 
 
 def test_zero_size_and_scalars():

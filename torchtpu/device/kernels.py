@@ -23,7 +23,8 @@ from torchtpu.device.storage import DeviceStorage, contiguous_stride, storage_nu
 
 aten = torch.ops.aten
 KEY = "PrivateUse1"
-VIEWS = (aten.as_strided.default, aten.view.default, aten._reshape_alias.default, aten.unfold.default)
+VIEWS = (aten.as_strided.default, aten.view.default, aten._reshape_alias.default, aten.unfold.default,
+         aten.view_as_real.default, aten.view_as_complex.default)  # the last two: a storage read as another dtype
 # Run as one program each rather than torch's composite: factories (else empty + an in-place
 # fill), index_put (else _index_put_impl_, which has no functional form with a rule),
 # convolutions (else convolution_overrideable, a backend's own kernel), cummax/cummin (else

@@ -10,6 +10,7 @@ import functools
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -73,8 +74,17 @@ def scalar(value, dtype: torch.dtype):
 
 @functools.cache
 def _bitcast_fn(source, target, ratio: int):
+    source, target = np.dtype(source), np.dtype(target)
+
     def fn(a):
         a = a.reshape(-1)
+        # XLA has no bitcast to or from complex types: a complex is its (real, imaginary) pair
+        if source.kind == "c" and target.kind == "f" and target.itemsize * 2 == source.itemsize:
+            return jnp.stack([jnp.real(a), jnp.imag(a)], axis=-1).reshape(-1).astype(target)
+        if target.kind == "c" and source.kind == "f" and source.itemsize * 2 == target.itemsize:
+            return jax.lax.complex(a[0::2], a[1::2]).astype(target)
+        if source.kind == "c" or target.kind == "c":
+            raise NotImplementedError(f"a {target} view of a {source} tpu storage")
         if ratio > 1:  # to a wider type: groups of `ratio` elements become one
             a = a.reshape(-1, ratio)
         out = jax.lax.bitcast_convert_type(a, target)
