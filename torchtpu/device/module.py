@@ -73,7 +73,11 @@ def is_initialized() -> bool:
 
 
 def _lazy_init() -> None:
-    pass
+    """torch calls this before it makes or moves the first tpu tensor from Python: the kernels
+    register here, not at import (every `import torch` would pay their ≈30 ms)."""
+    from torchtpu.device import registration
+
+    registration.register_kernels()
 
 
 def _is_in_bad_fork() -> bool:

@@ -1,5 +1,13 @@
-"""Registers the tpu device with torch: PrivateUse1 renamed "tpu", torch.tpu, hooks, kernels."""
+"""Registers the tpu device with torch: PrivateUse1 renamed "tpu", torch.tpu, hooks, kernels.
+
+Two steps. The device (a few ms) is what `import torchtpu.device`, and through the
+`torch.backends` entry point every `import torch`, runs. The kernels (≈500 torch.library
+registrations, ≈30 ms) wait for torch's call of `torch.tpu._lazy_init`, which it makes before
+the first tpu tensor is made or moved from Python (factories, `torch.tensor`, `.to`).
+"""
 from __future__ import annotations
+
+import threading
 
 import torch
 import torch._tensor_str
@@ -9,7 +17,9 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from torchtpu.device import kernels, module, storage
 
 NAME = "tpu"
-_registered = False
+_device_registered = False
+_kernels_registered = False
+_kernels_lock = threading.Lock()  # two threads may make their first tpu tensor at once
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -29,19 +39,33 @@ class _Guard(torch._C._acc.DeviceGuard):
 
 
 def register() -> None:
-    """Makes device="tpu" work in this process (idempotent)."""
-    global _registered
-    if _registered:
+    """Makes device="tpu" work in this process, kernels included (idempotent)."""
+    register_device()
+    register_kernels()
+
+
+def register_device() -> None:
+    """The device without its kernels: the renamed key, torch.tpu, hooks, guard (idempotent)."""
+    global _device_registered
+    if _device_registered:
         return
     current = torch._C._get_privateuse1_backend_name()
     if current not in ("privateuseone", NAME):
         raise RuntimeError(f"torchtpu.device: torch's PrivateUse1 backend is already {current!r} in this "
                            f"process; one process holds one PrivateUse1 backend")
     _setup_privateuseone_for_python_backend(NAME, backend_module=module, hook=_Hooks(), device_guard=_Guard())
-    kernels.register()
     _print_on_host()
     _clone_storages()
-    _registered = True
+    _device_registered = True
+
+
+def register_kernels() -> None:
+    """The device's kernels for the PrivateUse1 key (idempotent; torch.tpu._lazy_init calls it)."""
+    global _kernels_registered
+    with _kernels_lock:
+        if not _kernels_registered:
+            kernels.register()
+            _kernels_registered = True
 
 
 def _print_on_host() -> None:
