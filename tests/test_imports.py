@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,5 +78,32 @@ def test_importing_torchtpu_loads_neither_jax_nor_the_compiler():
     code = ("import sys, torchtpu; bad = [m for m in ('jax', 'torchtpu.compiler.driver', 'torchtpu.cache.tiers') "
             "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+# What every `import torch` runs where torchtpu is installed (the torch.backends entry point).
+HEAVY = ("jax", "torchtpu.compiler", "torchtpu.runtime", "torchtpu.cache", "torchtpu.device.strict",
+         "torchtpu.device.transfer")
+
+
+def test_the_device_registration_imports_nothing_heavy_at_top_level():
+    graph = _module_graph()
+    reached, todo = set(), ["torchtpu.autoload", "torchtpu.device", "torchtpu.device.registration"]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(graph[name])
+    assert {"torchtpu.device.kernels", "torchtpu.device.module"} <= reached
+    assert sorted(m for m in reached if m.startswith(HEAVY)) == []
+
+
+def test_the_entry_point_loads_neither_jax_nor_the_compiler():
+    code = ("import sys, torch, torchtpu.autoload; torchtpu.autoload.load(); "
+            "assert torch._C._get_privateuse1_backend_name() == 'tpu'; "
+            f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))")
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")  # the call made here, not by torch
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
