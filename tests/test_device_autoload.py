@@ -10,12 +10,16 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from torchtpu.device import module as tpu_module
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY_POINT = "torchtpu.autoload:load"
@@ -131,16 +135,26 @@ ACCELERATOR = ("import json, tempfile, torch\n"
                "print(json.dumps(dict(trainer=str(TrainingArguments(output_dir=tempfile.mkdtemp(), report_to=[]).device),\n"
                "    available=acc.is_available(), current=str(acc.current_accelerator()),\n"
                "    checked=str(acc.current_accelerator(check_available=True)), tpu_available=torch.tpu.is_available())))\n")
+CPU_LIBRARIES = ("import json, warnings, torch\n"
+                 "from accelerate import PartialState\n"
+                 "from torch.utils.data import DataLoader, TensorDataset\n"
+                 "with warnings.catch_warnings(record=True) as caught:\n"
+                 "    warnings.simplefilter('always')\n"
+                 "    batch = next(iter(DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=2, pin_memory=True)))[0]\n"
+                 "print(json.dumps(dict(accelerate=str(PartialState().device), pinned=batch.is_pinned(),\n"
+                 "    pin_warning=any('no accelerator' in str(w.message) for w in caught))))\n")
 
 
 @needs_entry_point
 @no_real_tpu
 def test_cpu_users_keep_the_cpu():
-    """Installed means registered in every torch process: Trainer and accelerator checks must
-    still see no accelerator without a TPU. torch names PrivateUse1 as the current accelerator
-    once it is registered (it does not ask whether it is available)."""
+    """Installed means registered in every torch process: Trainer, accelerate, DataLoader and
+    accelerator checks must still see no accelerator without a TPU. torch names PrivateUse1 as
+    the current accelerator once it is registered (it does not ask whether it is available)."""
     assert _json(ACCELERATOR) == {"trainer": "cpu", "available": False, "current": "tpu", "checked": "None",
                                   "tpu_available": False}
+    assert _json(CPU_LIBRARIES) == _json(CPU_LIBRARIES, **OFF) == {"accelerate": "cpu", "pinned": False,
+                                                                   "pin_warning": True}
 
 
 @needs_entry_point
