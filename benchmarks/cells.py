@@ -12,6 +12,10 @@ Workloads:
               optimizer step eager and identical for every backend)
     overhead  the tiny graph `x * 2 + 1` on 16 floats: per-call cost of the compiled path
     decode    one decode step of greedy generate with a static KV cache (benchmarks/generate_bench.py)
+
+A cell with "precompiled": PATH (backend tpu, infer or train) loads the artifact at PATH with
+torchtpu.precompile.load instead of calling torch.compile; "precompile_to": PATH instead saves
+one there (a separate, untimed process: the suite runs it before the precompiled cell).
 """
 from __future__ import annotations
 
@@ -27,10 +31,17 @@ TINY_NUMEL = 16
 OVERHEAD_REPS = 2000  # a tiny call is microseconds long: many samples for a stable median
 
 
-def compile_for(fn, backend: str):
-    """fn compiled for one backend column ("eager" returns fn itself)."""
+def compile_for(fn, backend: str, spec: dict | None = None, inputs: tuple = ()):
+    """fn compiled for one backend column ("eager" returns fn itself); with spec["precompiled"],
+    fn's artifact loaded (torchtpu.precompile.load: no tracing, no compile)."""
     import torch
 
+    if spec and spec.get("precompiled"):
+        import torchtpu.precompile
+
+        run = torchtpu.precompile.load(spec["precompiled"], fn if isinstance(fn, torch.nn.Module) else None)
+        spec["_loaded"] = run.loaded
+        return run
     if backend == "eager":
         return fn  # eager has nothing to compile
     if backend == "inductor":
@@ -90,10 +101,12 @@ def _timed_and_checked(fn, inputs, spec: dict, unit: str) -> dict:
     holder = {}
 
     def make_call():
-        holder["fn"] = compile_for(fn, spec["backend"])
+        holder["fn"] = compile_for(fn, spec["backend"], spec)
         return _bind(holder["fn"], inputs)
 
     with torch.no_grad():
+        if spec.get("precompile_to"):
+            return _save(fn, inputs, spec["precompile_to"])
         result = time_first_and_steady(make_call, spec["reps"], spec["warmup"], unit)
         if spec["backend"] != "eager":
             result["max_abs_err"] = max_abs_err(holder["fn"](*inputs), fn(*inputs))
@@ -107,16 +120,18 @@ def train(spec: dict) -> dict:
 
     model, inputs = build(spec["model"], spec.get("batch"), spec.get("size"))
     model.train()
-    target = _target_for(spec["model"], model, inputs)
-    loss_of = _loss_fn(spec["model"], model)
+    target = target_for(spec["model"], model, inputs)
+    args = (model, *inputs, target)  # the model is an argument: a precompiled artifact names its function
+    if spec.get("precompile_to"):
+        return _save(train_loss, args, spec["precompile_to"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def make_step():
-        compiled = compile_for(loss_of, spec["backend"])
+        compiled = compile_for(train_loss, spec["backend"], spec)
 
         def step():
             opt.zero_grad(set_to_none=True)
-            loss = compiled(*inputs, target)
+            loss = compiled(*args)
             loss.backward()
             opt.step()
         return step
@@ -146,7 +161,7 @@ def _bind(fn, inputs):
     return lambda: fn(*inputs)
 
 
-def _target_for(name: str, model, inputs):
+def target_for(name: str, model, inputs):
     """A fixed target for the loss: next tokens (Llama), classes (CNN), hidden states (BERT)."""
     import torch
 
@@ -158,27 +173,37 @@ def _target_for(name: str, model, inputs):
     return torch.randn(*inputs[0].shape, model.config.hidden_size, generator=g)  # BERT has no head here
 
 
-def _loss_fn(name: str, model):
-    """The function compiled for a training step: forward and loss in one graph."""
+def train_loss(model, x, target):
+    """The function compiled for a training step: forward and loss in one graph (next-token
+    cross entropy for a causal LM, MSE on an encoder's hidden states, cross entropy on classes)."""
     import torch.nn.functional as F
 
-    def loss_of(x, target):
-        out = model(x)
-        if name == "hf_llama":
-            return F.cross_entropy(out.logits.flatten(0, 1), target.flatten())
-        if name == "hf_bert":
-            return F.mse_loss(out.last_hidden_state, target)
-        return F.cross_entropy(out, target)
-    return loss_of
+    out = model(x)
+    if hasattr(out, "logits"):
+        return F.cross_entropy(out.logits.flatten(0, 1), target.flatten())
+    if hasattr(out, "last_hidden_state"):
+        return F.mse_loss(out.last_hidden_state, target)
+    return F.cross_entropy(out, target)
+
+
+def _save(fn, args: tuple, path: str) -> dict:
+    """Writes fn(*args)'s precompiled artifact (the cell's "precompile_to")."""
+    import torchtpu.precompile
+
+    t0 = time.perf_counter()
+    torchtpu.precompile.save(fn, args, path)
+    return {"save_s": time.perf_counter() - t0}
 
 
 def _cache_counts(backend: str) -> dict:
     """Whether the compiler's caches were hit, so a "warm" cell can be seen to be warm."""
     if backend == "tpu":
         import torchtpu
+        from torch._dynamo.utils import counters
 
         stats = torchtpu.stats()
-        return {"xla_compiles": stats["xla_compiles"], "disk_hits": stats["disk_hits"]}
+        return {"xla_compiles": stats["xla_compiles"], "disk_hits": stats["disk_hits"],
+                "dynamo_graphs": int(counters["stats"].get("unique_graphs", 0))}
     if backend == "inductor":
         from torch._dynamo.utils import counters
 
@@ -207,6 +232,8 @@ def measure(spec: dict) -> dict:
     torch.manual_seed(0)
     result = WORKLOADS[spec["workload"]](spec)
     result.update(_cache_counts(spec["backend"]))
+    if "_loaded" in spec:  # whether the artifact was used (else the cell compiled: not a precompiled start)
+        result["precompiled_loaded"] = spec.pop("_loaded")
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
     return {**spec, **result, "peak_rss_mb": peak_kb / 1024}
 

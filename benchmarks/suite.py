@@ -4,8 +4,9 @@
 
 For each model (HF Llama decoder, HF BERT encoder, a CNN) and backend it measures inference
 latency (median of >= 30 calls after warm-up), a training step (forward + backward + AdamW),
-the first call in a fresh process with empty caches (cold) and again with the caches a
-previous process left (warm), and the peak RSS of each process; plus the per-call overhead on
+the first call in a fresh process with empty caches (cold), again with the caches a
+previous process left (warm) and, for tpu, from a precompiled artifact (torchtpu.precompile:
+no tracing), and the peak RSS of each process; plus the per-call overhead on
 a tiny graph and the decode step of generate. Prints a table with tpu/eager and tpu/inductor
 ratios and their geometric means, and writes JSON and a PNG chart. See docs/benchmarks.md.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,14 +31,17 @@ WORKLOADS = ("infer", "train", "overhead", "decode")
 # batch, size (sequence length, or image side for the CNN): the shapes the suite reports on
 SHAPES = {"hf_llama": (8, 128), "hf_bert": (8, 128), "cnn": (32, 64)}
 QUICK = {"models": "hf_llama", "reps": 5, "shapes": {"hf_llama": (2, 32)}}
-OPTIONAL_BACKENDS = {"torchax": "torchax"}  # column name -> the module it needs
+OPTIONAL_BACKENDS = {"torchax": "torchax"}
+PRECOMPILED_WORKLOADS = ("infer", "train")  # the workloads with a "precompiled" phase (backend tpu)  # column name -> the module it needs
 
 
 def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quick: bool) -> list[dict]:
     """The cells to run, in order: each is the JSON spec one child process gets.
 
     A compiled cell runs twice with the same cache folders: "cold" (empty caches) then "warm"
-    (the caches the cold process filled). Eager has no compile cache: it runs once.
+    (the caches the cold process filled); a tpu model cell then runs a third time, "precompiled"
+    (an artifact saved by an untimed process in between, loaded without tracing). Eager has no
+    compile cache: it runs once.
 
     Args:
         models, backends, workloads: the names to cross.
@@ -58,6 +63,8 @@ def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quic
                     spec["batch"], spec["size"] = shapes[model]
                 tag = f"{workload}-{model}-{backend}"
                 phases = ("cold", "warm") if backend != "eager" and workload != "decode" else ("cold",)
+                if backend == "tpu" and workload in PRECOMPILED_WORKLOADS:
+                    phases += ("precompiled",)
                 specs += [{**spec, "phase": phase, "tag": tag} for phase in phases]
     return specs
 
@@ -82,7 +89,15 @@ def run_cells(specs: list[dict], cache_root: str, timeout_s: float, threads: int
             child = {k: v for k, v in spec.items() if k not in ("phase", "tag")}
             env = cache_env(cache_root, spec["tag"], caches_on=True)
             env = single_thread_env(env) if threads == 1 else env
-            result = run_fresh(["-m", "benchmarks.cells", json.dumps(child)], env, timeout_s)
+            result = None
+            if spec["phase"] == "precompiled":  # saved by an untimed process with the same caches first
+                artifact = os.path.join(cache_root, f"{spec['tag']}.tpu-precompiled")
+                saved = run_fresh(["-m", "benchmarks.cells", json.dumps({**child, "precompile_to": artifact})],
+                                  env, timeout_s)
+                result = saved if "error" in saved else None
+                child["precompiled"] = artifact
+            if result is None:
+                result = run_fresh(["-m", "benchmarks.cells", json.dumps(child)], env, timeout_s)
             row = {**spec, **result}
         row["wall_s"] = time.perf_counter() - t0
         row["measured_at"], row["source"] = time.strftime("%Y-%m-%dT%H:%M:%S%z"), source
