@@ -162,28 +162,44 @@ def _bind(fn, inputs):
 
 
 def target_for(name: str, model, inputs):
-    """A fixed target for the loss: next tokens (Llama), classes (CNN), hidden states (BERT)."""
+    """A fixed target for the loss: classes for a model with logits or a classifier head (the CNN),
+    else random values shaped like the model's main output (hidden states, a denoised sample)."""
     import torch
 
     g = torch.Generator().manual_seed(1)
-    if name == "hf_llama":
-        return torch.randint(0, model.config.vocab_size, inputs[0].shape, generator=g)
     if name == "cnn":
         return torch.randint(0, model.head.out_features, inputs[0].shape[:1], generator=g)
-    return torch.randn(*inputs[0].shape, model.config.hidden_size, generator=g)  # BERT has no head here
+    with torch.no_grad():
+        raw = model(*inputs)
+    out = main_output(raw)
+    if hasattr(raw, "logits"):  # a language model head: next-token classes
+        return torch.randint(0, out.shape[-1], out.shape[:-1], generator=g)
+    return torch.randn(out.shape, generator=g).to(out.dtype)
 
 
-def train_loss(model, x, target):
-    """The function compiled for a training step: forward and loss in one graph (next-token
-    cross entropy for a causal LM, MSE on an encoder's hidden states, cross entropy on classes)."""
+def main_output(out):
+    """The tensor a loss is taken of: logits, else the last hidden state, else a diffusion model's
+    sample, else the output itself (or its first tensor)."""
+    import torch
+
+    for field in ("logits", "last_hidden_state", "sample"):
+        if getattr(out, field, None) is not None:
+            return getattr(out, field)
+    if isinstance(out, torch.Tensor):
+        return out
+    return next(v for v in (out.values() if hasattr(out, "values") else out) if isinstance(v, torch.Tensor))
+
+
+def train_loss(model, *inputs_and_target):
+    """The function compiled for a training step: forward and loss in one graph (cross entropy
+    against class targets, MSE against real-valued ones). The last argument is the target."""
     import torch.nn.functional as F
 
-    out = model(x)
-    if hasattr(out, "logits"):
-        return F.cross_entropy(out.logits.flatten(0, 1), target.flatten())
-    if hasattr(out, "last_hidden_state"):
-        return F.mse_loss(out.last_hidden_state, target)
-    return F.cross_entropy(out, target)
+    *inputs, target = inputs_and_target
+    out = main_output(model(*inputs))
+    if target.dtype.is_floating_point:
+        return F.mse_loss(out.float(), target.float())
+    return F.cross_entropy(out.flatten(0, -2).float(), target.flatten())
 
 
 def _save(fn, args: tuple, path: str) -> dict:

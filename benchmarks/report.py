@@ -192,21 +192,25 @@ def format_table(doc: dict) -> str:
     backends = doc["backends"]
     ratio_names = [name for name, a, b in RATIOS if a in backends and b in backends]
     w = max([27, *(len(sec["metric"]) for sec in doc["table"])])
-    head = [f"{'metric':{w}}", f"{'model':9}", *(f"{b:>9}" for b in backends), *(f"{n:>12}" for n in ratio_names)]
+    mw = max([9, *(len(row["model"]) for sec in doc["table"] for row in sec["rows"])])
+    head = [f"{'metric':{w}}", f"{'model':{mw}}", *(f"{b:>9}" for b in backends), *(f"{n:>12}" for n in ratio_names)]
     lines = [" | ".join(head), "-" * len(" | ".join(head))]
     for sec in doc["table"]:
         for i, row in enumerate(sec["rows"]):
-            cells = [f"{sec['metric'] if i == 0 else '':{w}}", f"{row['model']:9}",
+            cells = [f"{sec['metric'] if i == 0 else '':{w}}", f"{row['model']:{mw}}",
                      *(f"{row['missing'].get(b) or _num(row['values'][b]):>9}" for b in backends),
                      *(f"{_ratio(row['ratios'][n]):>12}" for n in ratio_names)]
             lines.append(" | ".join(cells))
         if len(sec["rows"]) > 1:
-            cells = [f"{'':{w}}", f"{'geomean':9}", *(f"{'':>9}" for _ in backends),
+            cells = [f"{'':{w}}", f"{'geomean':{mw}}", *(f"{'':>9}" for _ in backends),
                      *(f"{_ratio(sec['geomeans'][n]):>12}" for n in ratio_names)]
             lines.append(" | ".join(cells))
     m, load = doc["machine"], doc["load_average"]
     sources = sorted({c["source"] for c in doc["cells"] if c.get("source")}) or [doc.get("source", "?")]
-    lines.append(f"\n{doc['date']}  torchtpu {', '.join(sources)}  {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; "
+    threads = doc.get("args", {}).get("threads")
+    threads = "one torch and one XLA thread per cell" if threads == "1" else "default thread settings"
+    lines.append(f"\n{doc['date']}  torchtpu {', '.join(sources)}  {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB, "
+                 f"{threads}; "
                  f"load average before {load['before']}, after {load['after']}")
     lines += [f"note: {n}" for n in doc["notes"]]
     return "\n".join(lines)

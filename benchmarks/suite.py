@@ -23,16 +23,27 @@ import time
 from pathlib import Path
 
 from benchmarks import decode_cell, report
-from benchmarks.run import cache_env, run_fresh
+from benchmarks.families import FAMILIES
+from benchmarks.run import BF16, cache_env, run_fresh
 
-MODELS = ("hf_llama", "hf_bert", "cnn")
+# ten families: decoders (dense, sliding window, mixture of experts), an encoder, an
+# encoder-decoder, a vision transformer, two CNNs, a diffusion transformer and a UNet
+MODELS = ("hf_llama", "hf_mistral", "hf_qwen2_moe", "hf_bert", "hf_t5", "hf_vit", "cnn", "hf_resnet", "dit", "unet")
 BACKENDS = ("eager", "inductor", "tpu")
 WORKLOADS = ("infer", "train", "overhead", "decode")
 # batch, size (sequence length, or image side for the CNN): the shapes the suite reports on
 SHAPES = {"hf_llama": (8, 128), "hf_bert": (8, 128), "cnn": (32, 64)}
 QUICK = {"models": "hf_llama", "reps": 5, "shapes": {"hf_llama": (2, 32)}}
-OPTIONAL_BACKENDS = {"torchax": "torchax"}
-PRECOMPILED_WORKLOADS = ("infer", "train")  # the workloads with a "precompiled" phase (backend tpu)  # column name -> the module it needs
+OPTIONAL_BACKENDS = {"torchax": "torchax"}  # column name -> the module it needs
+PRECOMPILED_WORKLOADS = ("infer", "train")  # the workloads with a "precompiled" phase (backend tpu)
+DTYPES = ("float32", "bfloat16")
+FAMILY = {"hf_llama": "decoder, dense", "hf_bert": "encoder", "cnn": "CNN, grouped and depthwise",
+          **{name: family for name, (_, family) in FAMILIES.items()}}
+
+
+def model_rows(models: list[str], dtypes: list[str]) -> list[str]:
+    """The model names the cells run: each model in each dtype, bfloat16 ones suffixed "-bf16"."""
+    return [m + ("" if dtype == "float32" else BF16) for dtype in dtypes for m in models]
 
 
 def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quick: bool) -> list[dict]:
@@ -146,6 +157,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {MODELS}")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated; torchax is optional")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {WORKLOADS}")
+    p.add_argument("--dtypes", default=",".join(DTYPES),
+                   help="comma-separated, from float32,bfloat16: each model runs in each (bfloat16 rows read MODEL-bf16)")
     p.add_argument("--reps", type=int, default=None,
                    help=f"steady-state samples per cell (default 30, {QUICK['reps']} with --quick)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before the samples")
@@ -166,6 +179,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.reps = QUICK["reps"] if args.quick else 30
     if args.quick and args.models == ",".join(MODELS):
         args.models = QUICK["models"]
+    if args.quick and args.dtypes == ",".join(DTYPES):
+        args.dtypes = "float32"
     args.out = Path(args.out or f"benchmarks/results/suite{'-quick' if args.quick else ''}.json")
     return args
 
@@ -182,11 +197,15 @@ def main(argv=None) -> dict:
         return doc
     models = args.models.split(",")
     workloads = args.workloads.split(",")
-    for kind, names, known in (("models", models, MODELS), ("workloads", workloads, WORKLOADS)):
+    dtypes = args.dtypes.split(",")
+    for kind, names, known in (("models", models, MODELS), ("workloads", workloads, WORKLOADS),
+                               ("dtypes", dtypes, DTYPES)):
         if set(names) - set(known):
             raise SystemExit(f"unknown {kind} {sorted(set(names) - set(known))}: choose from {known}")
+    models = model_rows(models, dtypes)
     backends, dropped = backends_available(args.backends.split(","))
     shapes = {**SHAPES, **(QUICK["shapes"] if args.quick else {})}
+    shapes.update({m + BF16: shape for m, shape in shapes.items()})
     specs = plan(models, backends, workloads, args.reps, args.warmup, shapes, args.quick)
     load_before = report.load_average()
     with tempfile.TemporaryDirectory(prefix="torchtpu-suite-") as cache_root:

@@ -123,7 +123,7 @@ def test_a_warm_cell_that_compiled_is_not_reported_as_warm():
 def precompiled_run(tmp_path_factory):
     """The CNN's inference cells with eager and tpu: cold, warm, and loaded from an artifact."""
     out = tmp_path_factory.mktemp("suite") / "suite.json"
-    suite.main(["--models", "cnn", "--workloads", "infer", "--backends", "eager,tpu", "--reps", "3",
+    suite.main(["--models", "cnn", "--workloads", "infer", "--backends", "eager,tpu", "--dtypes", "float32", "--reps", "3",
                 "--warmup", "1", "--out", str(out)])
     return json.loads(out.read_text())
 
@@ -151,3 +151,29 @@ def test_a_precompiled_cell_that_compiled_is_a_miss():
     rows[0].update(precompiled_loaded=True, dynamo_graphs=0)
     (sec,) = [s for s in report.sections(rows, ["tpu"]) if s["metric"] == "first call, tpu precompiled (s)"]
     assert sec["rows"][0]["values"] == {"tpu": 3.0}
+
+
+@pytest.mark.parametrize("name", suite.MODELS)
+def test_every_suite_model_runs_a_forward_and_a_training_loss(name):
+    import torch
+
+    from benchmarks import cells
+    from benchmarks.run import build
+
+    model, inputs = build(name, 2, 32 if name in ("hf_vit", "cnn", "hf_resnet") else 16)
+    target = cells.target_for(name, model, inputs)
+    loss = cells.train_loss(model.train(), *inputs, target)
+    loss.backward()
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    half, half_inputs = build(name + "-bf16", 2, 32 if name in ("hf_vit", "cnn", "hf_resnet") else 16)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert all(x.dtype in (torch.bfloat16, torch.int64) for x in half_inputs)
+
+
+def test_the_suite_covers_eight_families_in_both_dtypes():
+    assert len({suite.FAMILY[m] for m in suite.MODELS}) >= 8  # distinct families, not variants
+    args = suite.parse_args(["--models", "cnn,dit", "--workloads", "infer"])
+    assert suite.model_rows(args.models.split(","), args.dtypes.split(",")) == ["cnn", "dit", "cnn-bf16", "dit-bf16"]
+    specs = suite.plan(["cnn-bf16"], ["tpu"], ["infer"], reps=3, warmup=1, shapes={}, quick=False)
+    assert {s["model"] for s in specs} == {"cnn-bf16"} and len({s["tag"] for s in specs}) == 1
