@@ -101,6 +101,32 @@ def test_from_pretrained_with_device_map_tpu(cpu_llama, tmp_path):
     assert _relative_error(logits, expected) < 1e-4
 
 
+
+def test_accelerate_dispatch_takes_a_device_index_not_the_name(cpu_llama, tmp_path):
+    """accelerate's load_checkpoint_and_dispatch reads the file with safetensors' load_file(device=...),
+    whose device parser knows a fixed list of names (cpu, cuda, mps, npu, xpu, xla, mlu, musa, hpu)
+    and refuses "tpu"; a device index passes it, and torch reads index 0 as the current
+    accelerator, tpu:0."""
+    import accelerate
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cpu, ids, expected, _ = cpu_llama
+    cpu.save_pretrained(tmp_path)
+
+    def empty_model():
+        with accelerate.init_empty_weights():
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
+
+    with pytest.raises(SafetensorError, match="device tpu is invalid"):
+        accelerate.load_checkpoint_and_dispatch(empty_model(), str(tmp_path), device_map={"": TPU})
+    model = accelerate.load_checkpoint_and_dispatch(empty_model(), str(tmp_path), device_map={"": 0})
+    tensors = list(model.parameters()) + list(model.buffers())
+    assert {t.device for t in tensors} == {torch.device("tpu:0")}
+    with torch.no_grad():
+        logits = model(ids.to(TPU)).logits
+    assert _relative_error(logits, expected) < 1e-4
+
 def test_adamw_training_steps_match_cpu(cpu_llama):
     _, ids, _, _ = cpu_llama
     cpu = _llama().train()
