@@ -59,7 +59,30 @@ def summarize(events: list[dict]) -> dict:
         "reasons": dict(collections.Counter(r["category"] for r in recompiles).most_common()),
         "recompiles": recompiles,
         "eager_frames": eager,
+        "flushes": flushes_by_reason(events),
     }
+
+
+def flushes_by_reason(events: list[dict]) -> dict:
+    """Defer mode's flushes (kind "flush") per reason: how many, ops run, how each program was
+    found ("hit": the process's own lookup; "cache": compile_graph's memory or disk cache;
+    "compile": XLA compiled it), failures, and the user lines that forced them most often."""
+    out: dict = {}
+    for e in events:
+        if e.get("kind") != "flush":
+            continue
+        r = out.setdefault(e.get("reason") or "?", {"flushes": 0, "ops": 0, "hit": 0, "cache": 0, "compile": 0,
+                                                   "errors": 0, "sources": collections.Counter()})
+        r["flushes"] += 1
+        r["ops"] += e.get("ops") or 0
+        if e.get("error"):
+            r["errors"] += 1
+        elif e.get("cache") in ("hit", "cache", "compile"):
+            r[e["cache"]] += 1
+        r["sources"][e.get("source") or "?"] += 1
+    for r in out.values():
+        r["sources"] = [f"{n}x {source}" for source, n in r["sources"].most_common(3)]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["flushes"]))
 
 
 def _frame_names(events) -> dict:
