@@ -137,6 +137,7 @@ def test_every_flush_point_has_its_reason():
 
 def test_max_ops_and_backward_flush(monkeypatch):
     monkeypatch.setenv("TORCHTPU_DEFER_MAX_OPS", "3")
+    torchtpu.sync()  # read at each flush
     x = torch.zeros(2, device=TPU)
     since = _mark()
     for _ in range(7):
@@ -144,6 +145,7 @@ def test_max_ops_and_backward_flush(monkeypatch):
     assert [f["ops"] for f in _flushes(since)] == [3, 3] and defer.pending_ops() == 2  # zeros and 7 adds
     assert x.tolist() == [7.0, 7.0]
     monkeypatch.delenv("TORCHTPU_DEFER_MAX_OPS")
+    torchtpu.sync()
     torch.manual_seed(0)
     lin = torch.nn.Linear(3, 2).to(TPU)
     since = _mark()

@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import typing
 import weakref
 
 import torch
@@ -42,6 +43,7 @@ _MAX_OPS_ENV = "TORCHTPU_DEFER_MAX_OPS"
 _DEFAULT_MAX_OPS = 2048
 _INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+_graph_task = torch._C._current_graph_task_id
 
 
 def max_ops() -> int:
@@ -65,8 +67,7 @@ class OpEntry:
     random: bool
 
 
-@dataclasses.dataclass
-class Record:
+class Record(typing.NamedTuple):
     entry: OpEntry
     refs: tuple  # per placeholder: an input index (>= 0), or ~value index of an earlier op
     first_value: int  # its results are values first_value, first_value + 1, ...
@@ -105,11 +106,18 @@ class PendingGraph:
         self.input_of: dict[int, int] = {}  # id(array) -> input index (arrays live as long as the graph)
         self.values: list = []  # per value: a weak reference to its Pending
         self.random = False
+        self.limit = max_ops()  # read at each flush: a change applies from the next graph
+        self.hits = 0  # ops whose traced graph was known (counted at the flush: eager_hits)
         self.backward_task = None  # the autograd graph task whose end flushes this graph
         self.error: Exception | None = None
 
     def flush(self, reason: str) -> None:
         self.executor.flush(reason, self)
+
+    def release(self) -> None:
+        """Drops what the run needed (the input arrays above all): a Pending that outlives its
+        flush keeps this object, for its error if the run failed."""
+        self.inputs = self.specs = self.input_of = self.values = self.records = None
 
 
 class Defer:
@@ -118,12 +126,11 @@ class Defer:
         self._entries: dict[tuple, OpEntry] = {}
         self._lock = threading.RLock()
         self.graph = PendingGraph(self)
-        self._names = 0
 
     # --- recording ---------------------------------------------------------------------------
 
     def run(self, op, args, kwargs):
-        base = strict._strict
+        base, hit = strict._strict, False
         call = describe(op, args, kwargs)
         if call.key in base._baked:
             call = describe(op, args, kwargs, lift=False)
@@ -137,29 +144,39 @@ class Defer:
                 base._host.add(call.key)
                 return strict.on_host(op, args, kwargs)
         else:
-            counters.bump("eager_hits")
+            hit = True
         with self._lock:
             graph = self.graph
-            if len(graph.records) >= max_ops():
+            if len(graph.records) >= graph.limit:
                 self.flush("max_ops", graph)
                 graph = self.graph
-            refs = [self._ref(graph, s) for s in call.storages]
+            if hit:
+                graph.hits += 1
+            refs = []
+            for s in call.storages:
+                array = s.array
+                if array.__class__ is Pending and array.array is None and array.graph is graph:
+                    refs.append(~array.index)
+                else:
+                    refs.append(self._ref(graph, s))
             for value, (dtype, how) in zip(call.scalars, entry.scalars):
                 refs.append(self._input(graph, transfer.host_scalar(value) if how == "host"
                                         else transfer.scalar(value, dtype), ((), dtype), fresh=True))
             refs = tuple(refs)
             step = (entry.id, refs)
-            child = graph.node.children.get(step)
+            node = graph.node
+            child = node.children.get(step)
             if child is None:
-                child = graph.node.children[step] = Node(graph.node.depth + 1)
+                child = node.children[step] = Node(node.depth + 1)
             graph.node = child
-            first = len(graph.values)
+            values = graph.values
+            first = len(values)
             results = [Pending(shape, graph, first + i) for i, shape in enumerate(entry.result_shapes)]
-            graph.values.extend(weakref.ref(p) for p in results)
+            values.extend([weakref.ref(p) for p in results])
             graph.records.append(Record(entry, refs, first, _user_frame()))
-            graph.random = graph.random or entry.random
-            counters.bump("defer_ops")
-            if torch._C._current_graph_task_id() != -1:
+            if entry.random:
+                graph.random = True
+            if _graph_task() != -1:
                 self._flush_after_backward(graph)
             return strict._apply(call, entry, results)
 
@@ -221,11 +238,11 @@ class Defer:
 
     def _run(self, graph: PendingGraph, reason: str) -> None:
         start = time.perf_counter()
-        kept = tuple(i for i, ref in enumerate(graph.values) if ref() is not None)
+        kept = tuple([i for i, ref in enumerate(graph.values) if ref() is not None])
         program = graph.node.programs.get(kept)
-        compiles = counters.stats()["xla_compiles"]
         try:
             if program is None:
+                compiles = counters.stats()["xla_compiles"]
                 program = graph.node.programs[kept] = self._build(graph, kept)
                 found = "compile" if counters.stats()["xla_compiles"] > compiles else "cache"
             else:
@@ -239,21 +256,26 @@ class Defer:
             graph.error = e
             events.record("flush", reason=reason, ops=len(graph.records), source=_where(_user_frame()),
                           error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            graph.release()
             raise
+        values = graph.values
         for i, r in zip(kept, program.outputs):
-            pending = graph.values[i]()
+            pending = values[i]()
             if pending is not None:
                 pending.array = results[r]
         if results:
             strict._recent.append(weakref.ref(results[0]))
+        ops, inputs = len(graph.records), len(graph.inputs)
+        graph.release()
         counters.bump("defer_flushes")
-        events.record("flush", reason=reason, ops=len(graph.records), program=program.key, cache=found,
-                      graph=program.name, inputs=len(graph.inputs), outputs=len(kept),
-                      source=_where(_user_frame()), ms=round((time.perf_counter() - start) * 1e3, 3))
+        counters.bump("defer_ops", ops)
+        counters.bump("eager_hits", graph.hits)
+        events.record("flush", reason=reason, ops=ops, program=program.key, cache=found, graph=program.name,
+                      inputs=inputs, outputs=len(kept), source=_where(_user_frame()),
+                      ms=round((time.perf_counter() - start) * 1e3, 3))
 
     def _build(self, graph: PendingGraph, kept: tuple) -> Program:
         gm, example = _fused_graph(graph, kept)
-        self._names += 1
         name = f"defer_{len(graph.records)}ops"
         try:
             runner = compile_graph(gm, example, strict.OPTIONS, name=name)
@@ -263,7 +285,7 @@ class Defer:
         outputs = [slot.index for slot in exe.layout.outputs]
         digest = hashlib.sha256(repr(([(r.entry.id, r.refs) for r in graph.records], kept)).encode()).hexdigest()[:16]
         counters.bump("defer_programs")
-        return Program(exe, runner, outputs, digest, runner.name if hasattr(runner, "name") else name)
+        return Program(exe, runner, outputs, digest, runner.name)
 
 
 def _fused_graph(graph: PendingGraph, kept: tuple):
