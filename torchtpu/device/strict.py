@@ -182,12 +182,17 @@ _strict = Strict()
 def run(op, args, kwargs):
     """Runs one op on tpu tensors (the kernels' single entry): now, or deferred in defer mode."""
     if eager.current == "defer":
-        return _deferred().run(op, args, kwargs)
+        return (_defer or _deferred()).run(op, args, kwargs)
     return _strict.run(op, args, kwargs)
 
 
 def _deferred():
     """defer.py's executor, imported at the first deferred op."""
+    global _defer
     from torchtpu.device import defer
 
-    return defer.executor
+    _defer = defer.executor
+    return _defer
+
+
+_defer = None
