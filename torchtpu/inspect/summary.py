@@ -7,6 +7,9 @@ import os
 from torchtpu.inspect.explain import category, explain, frame_of
 
 
+_EAGER_GRAPHS = (("defer_", "eager device: defer-mode flushes"), ("eager_", "eager device: strict ops"))
+
+
 def summarize(events: list[dict]) -> dict:
     """Returns {"totals": {...}, "frames": [{...}], "reasons": {category: n}, "recompiles": [{...}],
     "eager_frames": [{...}]} (frames run eagerly past the recompile limit, with the new input shapes that did)."""
@@ -16,7 +19,11 @@ def summarize(events: list[dict]) -> dict:
     frames: dict = collections.defaultdict(lambda: {"compiles": 0, "recompiles": 0, "graphs": 0,
                                                     "buckets": set(), "seconds": 0.0})
 
-    def frame(run, fid):
+    def frame(run, fid, graph=None):
+        if fid is None and graph:  # the eager device's programs have no Dynamo frame
+            for prefix, label in _EAGER_GRAPHS:
+                if graph.startswith(prefix):
+                    return label
         return names.get((run, fid)) or f"frame {fid}"
 
     for e in events:
@@ -24,7 +31,7 @@ def summarize(events: list[dict]) -> dict:
         if kind == "graph":
             frames[frame(run, frame_of(e.get("compile_id")))]["graphs"] += 1
         elif kind == "compile":
-            f = frames[frame(*graph_frame.get((run, e.get("graph")), (run, None)))]
+            f = frames[frame(*graph_frame.get((run, e.get("graph")), (run, None)), e.get("graph"))]
             f["compiles"] += 1
             f["seconds"] += (e.get("lower_ms", 0) + e.get("compile_ms", 0)) / 1e3
         elif kind == "bucket":
