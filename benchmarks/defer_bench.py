@@ -9,8 +9,9 @@ Cases:
   llama_forward  a 2-layer HF Llama (benchmarks.models.hf_llama), 2 x 16 tokens, no_grad, logits
                  ready; median of --runs
   llama_train    the same model: forward with labels, backward, AdamW, loss.item() every step;
-                 --steps steps, the median of steps 4..N; "compiles after step 3" counts XLA
-                 compiles in steps 4..N; the losses are compared with CPU eager
+                 --steps steps, the median of steps 4..N (wall time; cpu_ms: the process's CPU
+                 time over all threads, which load on a shared machine moves less); "compiles
+                 after step 3" counts XLA compiles in steps 4..N; losses compared with CPU eager
 The compile column runs the forward (and its backward) through torch.compile(backend="tpu")
 on tpu tensors; its optimizer step runs in strict eager. The modes take turns call by call (the
 training loops run in lockstep, step k of each mode, then step k + 1), so load on a shared
@@ -151,11 +152,11 @@ class _Training:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.forward = torch.compile(self.model, backend="tpu", fullgraph=True) if mode == "compile" else self.model
         self.ids = ids.to(_device(mode))
-        self.times, self.losses, self.compiles = [], [], []
+        self.times, self.cpu_times, self.losses, self.compiles = [], [], [], []
 
     def step(self) -> None:
         before = _compiles()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with _eager(self.mode):
             self.optimizer.zero_grad()
             loss = self.forward(self.ids, labels=self.ids).loss
@@ -163,6 +164,7 @@ class _Training:
             self.optimizer.step()
             self.losses.append(loss.item())
         self.times.append((time.perf_counter() - t0) * 1e3)
+        self.cpu_times.append((time.process_time() - c0) * 1e3)
         self.compiles.append(_compiles() - before)
 
 
@@ -177,6 +179,7 @@ def llama_train(modes, steps: int) -> dict:
             loop.step()
     reference = loops["cpu"].losses
     return {m: {"ms": statistics.median(t.times[3:]), "best_ms": min(t.times[3:]),
+                "cpu_ms": statistics.median(t.cpu_times[3:]),
                 "compiles_after_step_3": sum(t.compiles[3:]), "first_step_ms": round(t.times[0], 1),
                 "max_loss_diff": max(abs(a - b) for a, b in zip(t.losses, reference)), "losses": t.losses}
             for m, t in loops.items() if m in modes}
