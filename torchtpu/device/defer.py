@@ -153,15 +153,20 @@ class Defer:
             if hit:
                 graph.hits += 1
             refs = []
-            for s in call.storages:
-                array = s.array
-                if array.__class__ is Pending and array.array is None and array.graph is graph:
-                    refs.append(~array.index)
-                else:
-                    refs.append(self._ref(graph, s))
-            for value, (dtype, how) in zip(call.scalars, entry.scalars):
-                refs.append(self._input(graph, transfer.host_scalar(value) if how == "host"
-                                        else transfer.scalar(value, dtype), ((), dtype), fresh=True))
+            inputs = len(graph.inputs)
+            try:
+                for s in call.storages:
+                    array = s.array
+                    if array.__class__ is Pending and array.array is None and array.graph is graph:
+                        refs.append(~array.index)
+                    else:
+                        refs.append(self._ref(graph, s))
+                for value, (dtype, how) in zip(call.scalars, entry.scalars):
+                    refs.append(self._input(graph, transfer.host_scalar(value) if how == "host"
+                                            else transfer.scalar(value, dtype), ((), dtype), fresh=True))
+            except BaseException:
+                _drop_inputs(graph, inputs)  # the op is not recorded: nor are its inputs
+                raise
             refs = tuple(refs)
             step = (entry.id, refs)
             node = graph.node
@@ -286,6 +291,14 @@ class Defer:
         digest = hashlib.sha256(repr(([(r.entry.id, r.refs) for r in graph.records], kept)).encode()).hexdigest()[:16]
         counters.bump("defer_programs")
         return Program(exe, runner, outputs, digest, runner.name)
+
+
+def _drop_inputs(graph: PendingGraph, keep: int) -> None:
+    """Forgets the inputs after the first `keep` (a program's inputs must be its steps' inputs)."""
+    if graph.inputs is None or len(graph.inputs) <= keep:
+        return
+    del graph.inputs[keep:], graph.specs[keep:]
+    graph.input_of = {k: i for k, i in graph.input_of.items() if i < keep}
 
 
 def _fused_graph(graph: PendingGraph, kept: tuple):
