@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import linecache
 import os
 import sys
 import threading
@@ -63,7 +64,6 @@ class OpEntry:
     plan: object  # graph.Plan
     scalars: list  # per runtime scalar: (dtype, how)
     result_shapes: list  # per graph output: the array's shape
-    n_inputs: int  # placeholders: storages, then scalars
     random: bool
 
 
@@ -77,12 +77,11 @@ class Record(typing.NamedTuple):
 class Node:
     """A trie node: the sequence of steps so far. Programs by the values kept as outputs."""
 
-    __slots__ = ("children", "programs", "depth")
+    __slots__ = ("children", "programs")
 
-    def __init__(self, depth: int = 0):
+    def __init__(self):
         self.children: dict = {}
         self.programs: dict = {}
-        self.depth = depth
 
 
 @dataclasses.dataclass
@@ -172,7 +171,7 @@ class Defer:
             node = graph.node
             child = node.children.get(step)
             if child is None:
-                child = node.children[step] = Node(node.depth + 1)
+                child = node.children[step] = Node()
             graph.node = child
             values = graph.values
             first = len(values)
@@ -191,9 +190,8 @@ class Defer:
             _check_rules(op, gm)
             output = next(n for n in gm.graph.nodes if n.op == "output")
             shapes = [tuple(n.meta["val"].shape) for n in output.args[0]]
-            n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
             entry = OpEntry(len(self._entries), op, gm, plan, [(m[2], m[3]) for m in scalar_markers(call.template)],
-                            shapes, n_inputs, any(n.op == "call_function" and registry.is_random(n.target)
+                            shapes, any(n.op == "call_function" and registry.is_random(n.target)
                                                   for n in gm.graph.nodes))
             self._entries[call.key] = entry
             counters.bump("defer_op_graphs")
@@ -340,8 +338,6 @@ def _fused_graph(graph: PendingGraph, kept: tuple):
 
 def _stack_trace(record: Record) -> str:
     filename, line, function = record.where
-    import linecache
-
     code = linecache.getline(filename, line).strip()
     return f'File "{filename}", line {line}, in {function}\n    {code}  (deferred {record.entry.op})'
 
