@@ -12,6 +12,10 @@ Workloads:
               optimizer step eager and identical for every backend)
     overhead  the tiny graph `x * 2 + 1` on 16 floats: per-call cost of the compiled path
     decode    one decode step of greedy generate with a static KV cache (benchmarks/generate_bench.py)
+
+A cell with "precompiled": PATH (backend tpu, infer or train) loads the artifact at PATH with
+torchtpu.precompile.load instead of calling torch.compile; "precompile_to": PATH instead saves
+one there (a separate, untimed process: the suite runs it before the precompiled cell).
 """
 from __future__ import annotations
 
@@ -27,10 +31,17 @@ TINY_NUMEL = 16
 OVERHEAD_REPS = 2000  # a tiny call is microseconds long: many samples for a stable median
 
 
-def compile_for(fn, backend: str):
-    """fn compiled for one backend column ("eager" returns fn itself)."""
+def compile_for(fn, backend: str, spec: dict | None = None, inputs: tuple = ()):
+    """fn compiled for one backend column ("eager" returns fn itself); with spec["precompiled"],
+    fn's artifact loaded (torchtpu.precompile.load: no tracing, no compile)."""
     import torch
 
+    if spec and spec.get("precompiled"):
+        import torchtpu.precompile
+
+        run = torchtpu.precompile.load(spec["precompiled"], fn if isinstance(fn, torch.nn.Module) else None)
+        spec["_loaded"] = run.loaded
+        return run
     if backend == "eager":
         return fn  # eager has nothing to compile
     if backend == "inductor":
@@ -90,10 +101,12 @@ def _timed_and_checked(fn, inputs, spec: dict, unit: str) -> dict:
     holder = {}
 
     def make_call():
-        holder["fn"] = compile_for(fn, spec["backend"])
+        holder["fn"] = compile_for(fn, spec["backend"], spec)
         return _bind(holder["fn"], inputs)
 
     with torch.no_grad():
+        if spec.get("precompile_to"):
+            return _save(fn, inputs, spec["precompile_to"])
         result = time_first_and_steady(make_call, spec["reps"], spec["warmup"], unit)
         if spec["backend"] != "eager":
             result["max_abs_err"] = max_abs_err(holder["fn"](*inputs), fn(*inputs))
@@ -107,16 +120,18 @@ def train(spec: dict) -> dict:
 
     model, inputs = build(spec["model"], spec.get("batch"), spec.get("size"))
     model.train()
-    target = _target_for(spec["model"], model, inputs)
-    loss_of = _loss_fn(spec["model"], model)
+    target = target_for(spec["model"], model, inputs)
+    args = (model, *inputs, target)  # the model is an argument: a precompiled artifact names its function
+    if spec.get("precompile_to"):
+        return _save(train_loss, args, spec["precompile_to"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def make_step():
-        compiled = compile_for(loss_of, spec["backend"])
+        compiled = compile_for(train_loss, spec["backend"], spec)
 
         def step():
             opt.zero_grad(set_to_none=True)
-            loss = compiled(*inputs, target)
+            loss = compiled(*args)
             loss.backward()
             opt.step()
         return step
@@ -146,39 +161,65 @@ def _bind(fn, inputs):
     return lambda: fn(*inputs)
 
 
-def _target_for(name: str, model, inputs):
-    """A fixed target for the loss: next tokens (Llama), classes (CNN), hidden states (BERT)."""
+def target_for(name: str, model, inputs):
+    """A fixed target for the loss: classes for a model with logits or a classifier head (the CNN),
+    else random values shaped like the model's main output (hidden states, a denoised sample)."""
     import torch
 
     g = torch.Generator().manual_seed(1)
-    if name == "hf_llama":
-        return torch.randint(0, model.config.vocab_size, inputs[0].shape, generator=g)
     if name == "cnn":
         return torch.randint(0, model.head.out_features, inputs[0].shape[:1], generator=g)
-    return torch.randn(*inputs[0].shape, model.config.hidden_size, generator=g)  # BERT has no head here
+    with torch.no_grad():
+        raw = model(*inputs)
+    out = main_output(raw)
+    if hasattr(raw, "logits"):  # a language model head: next-token classes
+        return torch.randint(0, out.shape[-1], out.shape[:-1], generator=g)
+    return torch.randn(out.shape, generator=g).to(out.dtype)
 
 
-def _loss_fn(name: str, model):
-    """The function compiled for a training step: forward and loss in one graph."""
+def main_output(out):
+    """The tensor a loss is taken of: logits, else the last hidden state, else a diffusion model's
+    sample, else the output itself (or its first tensor)."""
+    import torch
+
+    for field in ("logits", "last_hidden_state", "sample"):
+        if getattr(out, field, None) is not None:
+            return getattr(out, field)
+    if isinstance(out, torch.Tensor):
+        return out
+    return next(v for v in (out.values() if hasattr(out, "values") else out) if isinstance(v, torch.Tensor))
+
+
+def train_loss(model, *inputs_and_target):
+    """The function compiled for a training step: forward and loss in one graph (cross entropy
+    against class targets, MSE against real-valued ones). The last argument is the target."""
     import torch.nn.functional as F
 
-    def loss_of(x, target):
-        out = model(x)
-        if name == "hf_llama":
-            return F.cross_entropy(out.logits.flatten(0, 1), target.flatten())
-        if name == "hf_bert":
-            return F.mse_loss(out.last_hidden_state, target)
-        return F.cross_entropy(out, target)
-    return loss_of
+    *inputs, target = inputs_and_target
+    out = main_output(model(*inputs))
+    if target.dtype.is_floating_point:
+        return F.mse_loss(out.float(), target.float())
+    return F.cross_entropy(out.flatten(0, -2).float(), target.flatten())
+
+
+def _save(fn, args: tuple, path: str) -> dict:
+    """Writes fn(*args)'s precompiled artifact (the cell's "precompile_to")."""
+    import torchtpu.precompile
+
+    t0 = time.perf_counter()
+    torchtpu.precompile.save(fn, args, path)
+    return {"save_s": time.perf_counter() - t0}
 
 
 def _cache_counts(backend: str) -> dict:
     """Whether the compiler's caches were hit, so a "warm" cell can be seen to be warm."""
     if backend == "tpu":
         import torchtpu
+        from torch._dynamo.utils import counters
 
         stats = torchtpu.stats()
-        return {"xla_compiles": stats["xla_compiles"], "disk_hits": stats["disk_hits"]}
+        return {"xla_compiles": stats["xla_compiles"], "disk_hits": stats["disk_hits"],
+                "dynamo_graphs": int(counters["stats"].get("unique_graphs", 0))}
     if backend == "inductor":
         from torch._dynamo.utils import counters
 
@@ -207,6 +248,8 @@ def measure(spec: dict) -> dict:
     torch.manual_seed(0)
     result = WORKLOADS[spec["workload"]](spec)
     result.update(_cache_counts(spec["backend"]))
+    if "_loaded" in spec:  # whether the artifact was used (else the cell compiled: not a precompiled start)
+        result["precompiled_loaded"] = spec.pop("_loaded")
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
     return {**spec, **result, "peak_rss_mb": peak_kb / 1024}
 

@@ -9,7 +9,8 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-# (label, workload, phase, key): one table section per entry, one row per model in it
+# (label, workload, phase, key): one table section per entry, one row per model in it. A backend
+# without that phase (only tpu has "precompiled") shows its best start instead: warm, else cold.
 METRICS = (
     ("infer latency (ms)", "infer", "cold", "median_ms"),
     ("infer latency, min (ms)", "infer", "cold", "min_ms"),
@@ -19,6 +20,8 @@ METRICS = (
     ("first call, warm cache (s)", "infer", "warm", "first_call_s"),
     ("first train step, cold (s)", "train", "cold", "first_call_s"),
     ("first train step, warm (s)", "train", "warm", "first_call_s"),
+    ("first call, tpu precompiled (s)", "infer", "precompiled", "first_call_s"),
+    ("first train step, tpu precompiled (s)", "train", "precompiled", "first_call_s"),
     ("peak RSS, infer (MB)", "infer", "cold", "peak_rss_mb"),
     ("peak RSS, train (MB)", "train", "cold", "peak_rss_mb"),
     ("tiny graph call (us)", "overhead", "cold", "median_us"),
@@ -26,6 +29,7 @@ METRICS = (
     ("first generate (s)", "decode", "cold", "first_call_s"),
 )
 RATIOS = (("tpu/eager", "tpu", "eager"), ("tpu/inductor", "tpu", "inductor"))
+STAND_INS = {"precompiled": ("warm", "cold")}  # phase -> what other backends show in its rows
 
 
 def geomean(values: list[float]) -> float | None:
@@ -48,9 +52,11 @@ def sections(rows: list[dict], backends: list[str]) -> list[dict]:
     out = []
     for label, workload, phase, key in METRICS:
         models = list(dict.fromkeys(r["model"] for r in rows if r["workload"] == workload))
+        if phase in STAND_INS and not any(r["workload"] == workload and r["phase"] == phase for r in rows):
+            continue  # no precompiled cell was run: no section of stand-ins alone
         table_rows = []
         for model in models:
-            cells = {b: index.get((workload, model, b, phase), {}) for b in backends}
+            cells = {b: _cell(index, workload, model, b, phase) for b in backends}
             values = {b: None if missed_warm(cell) else cell.get(key) for b, cell in cells.items()}
             ratios = {name: values[a] / values[b] if values.get(a) and values.get(b) else None
                       for name, a, b in RATIOS}
@@ -65,12 +71,28 @@ def sections(rows: list[dict], backends: list[str]) -> list[dict]:
     return out
 
 
+def _cell(index: dict, workload: str, model: str, backend: str, phase: str) -> dict:
+    """The cell of that phase, or for a backend without the phase, its stand-in (STAND_INS)."""
+    for candidate in (phase, *STAND_INS.get(phase, ())):
+        cell = index.get((workload, model, backend, candidate))
+        if cell is not None:
+            return cell
+    return {}
+
+
 def missed_warm(cell: dict) -> str | None:
-    """Why a "warm" cell did not start warm (its compiler compiled anyway), or None.
+    """Why a "warm" or "precompiled" cell did not start warm (it compiled or traced anyway), or None.
 
     A cache key covers the compiler's own source, so editing it between the cold and the warm
-    process makes the warm one compile again: its first call is then a cold one, not shown.
+    process makes the warm one compile again: its first call is then a cold one, not shown. A
+    precompiled cell whose artifact was refused compiled normally instead.
     """
+    if cell.get("phase") == "precompiled":
+        if cell.get("precompiled_loaded") is False:
+            return "the artifact was not used"
+        if cell.get("xla_compiles") or cell.get("dynamo_graphs"):
+            return f"xla_compiles={cell.get('xla_compiles')}, dynamo_graphs={cell.get('dynamo_graphs')}"
+        return None
     if cell.get("phase") != "warm":
         return None
     if cell.get("xla_compiles"):
@@ -101,9 +123,12 @@ def notes(rows: list[dict], dropped: dict) -> list[str]:
             by_reason.setdefault(f"{kind}: {reason}", []).append(f"{r['workload']} {r['model']} {r['backend']} "
                                                                  f"{r['phase']}")
     lines = [f"{', '.join(cells)} -> {reason}" for reason, cells in by_reason.items()]
-    lines += [f"{r['workload']} {r['model']} {r['backend']} warm -> miss: compiled again ({missed_warm(r)}); "
-              f"the cache key changed between the two processes (e.g. the compiler's source was edited)"
+    lines += [f"{r['workload']} {r['model']} {r['backend']} {r['phase']} -> miss: compiled again ({missed_warm(r)}); "
+              + ("the cache key changed between the two processes (e.g. the compiler's source was edited)"
+                 if r["phase"] == "warm" else "the precompiled artifact did not serve the call")
               for r in rows if missed_warm(r)]
+    if any(r.get("phase") == "precompiled" for r in rows):
+        lines.append("first call, tpu precompiled: the other backends show their warm start (eager: its first call)")
     return lines + [f"{name}: {reason}" for name, reason in dropped.items()]
 
 
@@ -166,21 +191,26 @@ def format_table(doc: dict) -> str:
     """The table as text: metric | model | one column per backend | ratios, geomeans per metric."""
     backends = doc["backends"]
     ratio_names = [name for name, a, b in RATIOS if a in backends and b in backends]
-    head = [f"{'metric':27}", f"{'model':9}", *(f"{b:>9}" for b in backends), *(f"{n:>12}" for n in ratio_names)]
+    w = max([27, *(len(sec["metric"]) for sec in doc["table"])])
+    mw = max([9, *(len(row["model"]) for sec in doc["table"] for row in sec["rows"])])
+    head = [f"{'metric':{w}}", f"{'model':{mw}}", *(f"{b:>9}" for b in backends), *(f"{n:>12}" for n in ratio_names)]
     lines = [" | ".join(head), "-" * len(" | ".join(head))]
     for sec in doc["table"]:
         for i, row in enumerate(sec["rows"]):
-            cells = [f"{sec['metric'] if i == 0 else '':27}", f"{row['model']:9}",
+            cells = [f"{sec['metric'] if i == 0 else '':{w}}", f"{row['model']:{mw}}",
                      *(f"{row['missing'].get(b) or _num(row['values'][b]):>9}" for b in backends),
                      *(f"{_ratio(row['ratios'][n]):>12}" for n in ratio_names)]
             lines.append(" | ".join(cells))
         if len(sec["rows"]) > 1:
-            cells = [f"{'':27}", f"{'geomean':9}", *(f"{'':>9}" for _ in backends),
+            cells = [f"{'':{w}}", f"{'geomean':{mw}}", *(f"{'':>9}" for _ in backends),
                      *(f"{_ratio(sec['geomeans'][n]):>12}" for n in ratio_names)]
             lines.append(" | ".join(cells))
     m, load = doc["machine"], doc["load_average"]
     sources = sorted({c["source"] for c in doc["cells"] if c.get("source")}) or [doc.get("source", "?")]
-    lines.append(f"\n{doc['date']}  torchtpu {', '.join(sources)}  {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; "
+    threads = doc.get("args", {}).get("threads")
+    threads = "one torch and one XLA thread per cell" if threads == "1" else "default thread settings"
+    lines.append(f"\n{doc['date']}  torchtpu {', '.join(sources)}  {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB, "
+                 f"{threads}; "
                  f"load average before {load['before']}, after {load['after']}")
     lines += [f"note: {n}" for n in doc["notes"]]
     return "\n".join(lines)

@@ -20,13 +20,15 @@ from pathlib import Path
 
 MODELS = ["mlp", "cnn", "decoder", "hf_llama", "hf_bert"]
 BACKENDS = ["eager", "inductor", "tpu"]
+BF16 = "-bf16"  # a model name's suffix: that model in bfloat16
 
 
 def build(name: str, batch: int | None = None, size: int | None = None):
     """One benchmark model (random weights, seed 0) and its inputs.
 
     Args:
-        name: one of MODELS.
+        name: one of MODELS or benchmarks/families.py's FAMILIES; with the suffix "-bf16", the
+            model and its floating-point inputs in bfloat16.
         batch: the batch size (default: 64 for mlp, 32 for cnn, 8 for the rest).
         size: the sequence length of the token models, the image side of the CNN (default 128,
             64 for the CNN; its adaptive pooling takes any side >= 8).
@@ -37,6 +39,9 @@ def build(name: str, batch: int | None = None, size: int | None = None):
 
     from benchmarks import models
 
+    if name.endswith(BF16):  # the same model and inputs in bfloat16 (integer inputs stay as they are)
+        model, inputs = build(name.removesuffix(BF16), batch, size)
+        return model.to(torch.bfloat16), tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
     torch.manual_seed(0)
     if name == "mlp":
         return models.MLP(256, 1024, 256).eval(), (torch.randn(batch or 64, 256),)
@@ -50,6 +55,11 @@ def build(name: str, batch: int | None = None, size: int | None = None):
         return models.hf_llama(layers=2, vocab=1024, hidden=128), (torch.randint(0, 1024, tokens),)
     if name == "hf_bert":
         return models.hf_bert(layers=2, vocab=1024, hidden=128), (torch.randint(0, 1024, tokens),)
+    from benchmarks.families import FAMILIES
+
+    if name in FAMILIES:
+        builder = FAMILIES[name][0]
+        return builder(**{k: v for k, v in (("batch", batch), ("size", size)) if v is not None})
     raise SystemExit(f"unknown model {name}")
 
 

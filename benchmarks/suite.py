@@ -4,8 +4,9 @@
 
 For each model (HF Llama decoder, HF BERT encoder, a CNN) and backend it measures inference
 latency (median of >= 30 calls after warm-up), a training step (forward + backward + AdamW),
-the first call in a fresh process with empty caches (cold) and again with the caches a
-previous process left (warm), and the peak RSS of each process; plus the per-call overhead on
+the first call in a fresh process with empty caches (cold), again with the caches a
+previous process left (warm) and, for tpu, from a precompiled artifact (torchtpu.precompile:
+no tracing), and the peak RSS of each process; plus the per-call overhead on
 a tiny graph and the decode step of generate. Prints a table with tpu/eager and tpu/inductor
 ratios and their geometric means, and writes JSON and a PNG chart. See docs/benchmarks.md.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,22 +23,36 @@ import time
 from pathlib import Path
 
 from benchmarks import decode_cell, report
-from benchmarks.run import cache_env, run_fresh
+from benchmarks.families import FAMILIES
+from benchmarks.run import BF16, cache_env, run_fresh
 
-MODELS = ("hf_llama", "hf_bert", "cnn")
+# ten families: decoders (dense, sliding window, mixture of experts), an encoder, an
+# encoder-decoder, a vision transformer, two CNNs, a diffusion transformer and a UNet
+MODELS = ("hf_llama", "hf_mistral", "hf_qwen2_moe", "hf_bert", "hf_t5", "hf_vit", "cnn", "hf_resnet", "dit", "unet")
 BACKENDS = ("eager", "inductor", "tpu")
 WORKLOADS = ("infer", "train", "overhead", "decode")
 # batch, size (sequence length, or image side for the CNN): the shapes the suite reports on
 SHAPES = {"hf_llama": (8, 128), "hf_bert": (8, 128), "cnn": (32, 64)}
 QUICK = {"models": "hf_llama", "reps": 5, "shapes": {"hf_llama": (2, 32)}}
 OPTIONAL_BACKENDS = {"torchax": "torchax"}  # column name -> the module it needs
+PRECOMPILED_WORKLOADS = ("infer", "train")  # the workloads with a "precompiled" phase (backend tpu)
+DTYPES = ("float32", "bfloat16")
+FAMILY = {"hf_llama": "decoder, dense", "hf_bert": "encoder", "cnn": "CNN, grouped and depthwise",
+          **{name: family for name, (_, family) in FAMILIES.items()}}
+
+
+def model_rows(models: list[str], dtypes: list[str]) -> list[str]:
+    """The model names the cells run: each model in each dtype, bfloat16 ones suffixed "-bf16"."""
+    return [m + ("" if dtype == "float32" else BF16) for dtype in dtypes for m in models]
 
 
 def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quick: bool) -> list[dict]:
     """The cells to run, in order: each is the JSON spec one child process gets.
 
     A compiled cell runs twice with the same cache folders: "cold" (empty caches) then "warm"
-    (the caches the cold process filled). Eager has no compile cache: it runs once.
+    (the caches the cold process filled); a tpu model cell then runs a third time, "precompiled"
+    (an artifact saved by an untimed process in between, loaded without tracing). Eager has no
+    compile cache: it runs once.
 
     Args:
         models, backends, workloads: the names to cross.
@@ -58,6 +74,8 @@ def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quic
                     spec["batch"], spec["size"] = shapes[model]
                 tag = f"{workload}-{model}-{backend}"
                 phases = ("cold", "warm") if backend != "eager" and workload != "decode" else ("cold",)
+                if backend == "tpu" and workload in PRECOMPILED_WORKLOADS:
+                    phases += ("precompiled",)
                 specs += [{**spec, "phase": phase, "tag": tag} for phase in phases]
     return specs
 
@@ -82,7 +100,15 @@ def run_cells(specs: list[dict], cache_root: str, timeout_s: float, threads: int
             child = {k: v for k, v in spec.items() if k not in ("phase", "tag")}
             env = cache_env(cache_root, spec["tag"], caches_on=True)
             env = single_thread_env(env) if threads == 1 else env
-            result = run_fresh(["-m", "benchmarks.cells", json.dumps(child)], env, timeout_s)
+            result = None
+            if spec["phase"] == "precompiled":  # saved by an untimed process with the same caches first
+                artifact = os.path.join(cache_root, f"{spec['tag']}.tpu-precompiled")
+                saved = run_fresh(["-m", "benchmarks.cells", json.dumps({**child, "precompile_to": artifact})],
+                                  env, timeout_s)
+                result = saved if "error" in saved else None
+                child["precompiled"] = artifact
+            if result is None:
+                result = run_fresh(["-m", "benchmarks.cells", json.dumps(child)], env, timeout_s)
             row = {**spec, **result}
         row["wall_s"] = time.perf_counter() - t0
         row["measured_at"], row["source"] = time.strftime("%Y-%m-%dT%H:%M:%S%z"), source
@@ -131,6 +157,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {MODELS}")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated; torchax is optional")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {WORKLOADS}")
+    p.add_argument("--dtypes", default=",".join(DTYPES),
+                   help="comma-separated, from float32,bfloat16: each model runs in each (bfloat16 rows read MODEL-bf16)")
     p.add_argument("--reps", type=int, default=None,
                    help=f"steady-state samples per cell (default 30, {QUICK['reps']} with --quick)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before the samples")
@@ -151,6 +179,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.reps = QUICK["reps"] if args.quick else 30
     if args.quick and args.models == ",".join(MODELS):
         args.models = QUICK["models"]
+    if args.quick and args.dtypes == ",".join(DTYPES):
+        args.dtypes = "float32"
     args.out = Path(args.out or f"benchmarks/results/suite{'-quick' if args.quick else ''}.json")
     return args
 
@@ -167,11 +197,15 @@ def main(argv=None) -> dict:
         return doc
     models = args.models.split(",")
     workloads = args.workloads.split(",")
-    for kind, names, known in (("models", models, MODELS), ("workloads", workloads, WORKLOADS)):
+    dtypes = args.dtypes.split(",")
+    for kind, names, known in (("models", models, MODELS), ("workloads", workloads, WORKLOADS),
+                               ("dtypes", dtypes, DTYPES)):
         if set(names) - set(known):
             raise SystemExit(f"unknown {kind} {sorted(set(names) - set(known))}: choose from {known}")
+    models = model_rows(models, dtypes)
     backends, dropped = backends_available(args.backends.split(","))
     shapes = {**SHAPES, **(QUICK["shapes"] if args.quick else {})}
+    shapes.update({m + BF16: shape for m, shape in shapes.items()})
     specs = plan(models, backends, workloads, args.reps, args.warmup, shapes, args.quick)
     load_before = report.load_average()
     with tempfile.TemporaryDirectory(prefix="torchtpu-suite-") as cache_root:

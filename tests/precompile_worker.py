@@ -1,7 +1,8 @@
 """A fresh process that loads precompiled artifacts (tests/test_precompile.py) and prints JSON.
 
     python precompile_worker.py DIR    DIR holds llama.tpu (inference), train.tpu (a loss and its
-                                       backward) and dynamic.tpu (sequence length symbolic)
+                                       backward), dynamic.tpu (sequence length symbolic) and
+                                       bf16.tpu (the model in bfloat16)
 """
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ with warnings.catch_warnings(record=True) as caught:
             errors.append((dynamic(x).logits - model(x).logits).abs().max().item())
     out["dynamic_errors"] = errors
     out["after_dynamic"] = torchtpu.stats()
-out["loaded"] = [run.loaded, train.loaded, dynamic.loaded]
+
+    half = llama().to(torch.bfloat16)
+    bf16 = torchtpu.precompile.load(f"{folder}/bf16.tpu", half)
+    with torch.no_grad():
+        reference = model(ids).logits
+        out["bf16_error_vs_f32"] = (bf16(ids).logits.float() - reference).abs().max().item()
+        out["eager_bf16_error_vs_f32"] = (half(ids).logits.float() - reference).abs().max().item()
+    out["after_bf16"] = torchtpu.stats()
+out["loaded"] = [run.loaded, train.loaded, dynamic.loaded, bf16.loaded]
 out["warnings"] = [str(w.message) for w in caught if "torchtpu" in str(w.message)]
 print(json.dumps(out))

@@ -78,8 +78,9 @@ def test_geomean_over_models():
 
 def test_plan_runs_compiled_cells_cold_then_warm_in_one_cache():
     specs = suite.plan(["cnn"], ["eager", "tpu"], ["infer"], reps=30, warmup=3, shapes=suite.SHAPES, quick=False)
-    assert [(s["backend"], s["phase"]) for s in specs] == [("eager", "cold"), ("tpu", "cold"), ("tpu", "warm")]
-    assert specs[1]["tag"] == specs[2]["tag"] != specs[0]["tag"]
+    assert [(s["backend"], s["phase"]) for s in specs] == [
+        ("eager", "cold"), ("tpu", "cold"), ("tpu", "warm"), ("tpu", "precompiled")]
+    assert specs[1]["tag"] == specs[2]["tag"] == specs[3]["tag"] != specs[0]["tag"]
     assert (specs[0]["batch"], specs[0]["size"]) == suite.SHAPES["cnn"]
 
 
@@ -116,3 +117,63 @@ def test_a_warm_cell_that_compiled_is_not_reported_as_warm():
     rows[1].update(xla_compiles=0, disk_hits=1)
     warm = next(s for s in report.sections(rows, ["tpu"]) if s["metric"] == "first call, warm cache (s)")
     assert warm["rows"][0]["values"] == {"tpu": 8.0}
+
+
+@pytest.fixture(scope="module")
+def precompiled_run(tmp_path_factory):
+    """The CNN's inference cells with eager and tpu: cold, warm, and loaded from an artifact."""
+    out = tmp_path_factory.mktemp("suite") / "suite.json"
+    suite.main(["--models", "cnn", "--workloads", "infer", "--backends", "eager,tpu", "--dtypes", "float32", "--reps", "3",
+                "--warmup", "1", "--out", str(out)])
+    return json.loads(out.read_text())
+
+
+def test_a_precompiled_cell_loads_its_artifact_without_tracing_or_compiling(precompiled_run):
+    cells = {(c["backend"], c["phase"]): c for c in precompiled_run["cells"]}
+    pre = cells[("tpu", "precompiled")]
+    assert "error" not in pre, pre
+    assert pre["precompiled_loaded"] is True
+    assert (pre["xla_compiles"], pre["dynamo_graphs"]) == (0, 0) and pre["disk_hits"] >= 1
+    assert cells[("tpu", "warm")]["dynamo_graphs"] == 1  # the warm cache still traces
+    assert pre["max_abs_err"] <= 1e-4  # against eager, as every compiled cell
+    (sec,) = [s for s in precompiled_run["table"] if s["metric"] == "first call, tpu precompiled (s)"]
+    # tpu's own precompiled start, beside eager's first call (eager has no warm phase)
+    assert sec["rows"][0]["values"] == {"eager": cells[("eager", "cold")]["first_call_s"],
+                                        "tpu": pre["first_call_s"]}
+
+
+def test_a_precompiled_cell_that_compiled_is_a_miss():
+    rows = [{"workload": "infer", "model": "m", "backend": "tpu", "phase": "precompiled", "first_call_s": 3.0,
+             "xla_compiles": 0, "dynamo_graphs": 1, "precompiled_loaded": False}]
+    (sec,) = [s for s in report.sections(rows, ["tpu"]) if s["metric"] == "first call, tpu precompiled (s)"]
+    assert sec["rows"][0]["missing"] == {"tpu": "miss"}
+    assert any("did not serve" in n for n in report.notes(rows, {}))
+    rows[0].update(precompiled_loaded=True, dynamo_graphs=0)
+    (sec,) = [s for s in report.sections(rows, ["tpu"]) if s["metric"] == "first call, tpu precompiled (s)"]
+    assert sec["rows"][0]["values"] == {"tpu": 3.0}
+
+
+@pytest.mark.parametrize("name", suite.MODELS)
+def test_every_suite_model_runs_a_forward_and_a_training_loss(name):
+    import torch
+
+    from benchmarks import cells
+    from benchmarks.run import build
+
+    model, inputs = build(name, 2, 32 if name in ("hf_vit", "cnn", "hf_resnet") else 16)
+    target = cells.target_for(name, model, inputs)
+    loss = cells.train_loss(model.train(), *inputs, target)
+    loss.backward()
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    half, half_inputs = build(name + "-bf16", 2, 32 if name in ("hf_vit", "cnn", "hf_resnet") else 16)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert all(x.dtype in (torch.bfloat16, torch.int64) for x in half_inputs)
+
+
+def test_the_suite_covers_eight_families_in_both_dtypes():
+    assert len({suite.FAMILY[m] for m in suite.MODELS}) >= 8  # distinct families, not variants
+    args = suite.parse_args(["--models", "cnn,dit", "--workloads", "infer"])
+    assert suite.model_rows(args.models.split(","), args.dtypes.split(",")) == ["cnn", "dit", "cnn-bf16", "dit-bf16"]
+    specs = suite.plan(["cnn-bf16"], ["tpu"], ["infer"], reps=3, warmup=1, shapes={}, quick=False)
+    assert {s["model"] for s in specs} == {"cnn-bf16"} and len({s["tag"] for s in specs}) == 1

@@ -423,6 +423,24 @@ def test_conv_net_forward_backward_and_scans_match_cpu():
     _same(up(x.to(TPU), scale_factor=2, mode="bilinear"), up(x, scale_factor=2, mode="bilinear"), atol=1e-5)
 
 
+def test_group_norm_of_a_channels_last_input_matches_cpu():
+    """torch's math composite of native_group_norm (what a backend without its own kernel gets)
+    views the input as contiguous: a channels-last input (diffusers' attention blocks make one)
+    failed with a view error. It runs as one program instead."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 4, 16).permute(0, 3, 1, 2)
+    cpu = torch.nn.GroupNorm(4, 16)
+    dev = copy.deepcopy(cpu).to(TPU)
+    xc, xd = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
+    assert xd.stride() == xc.stride() and not xd.is_contiguous()
+    expected, got = cpu(xc), dev(xd)
+    torch.testing.assert_close(got.cpu(), expected.detach(), atol=1e-5, rtol=1e-5)
+    expected.square().sum().backward()
+    got.square().sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, atol=1e-4, rtol=1e-5)
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-4, rtol=1e-5)
+
 def test_linear_forward_backward_matches_cpu():
     torch.manual_seed(0)
     cpu = torch.nn.Linear(5, 3)

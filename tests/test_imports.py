@@ -79,3 +79,13 @@ def test_importing_torchtpu_loads_neither_jax_nor_the_compiler():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_loading_a_cached_cpu_executable_imports_no_pallas_and_no_passes():
+    # Executable.deserialize imports kernels.aten_cpu, and with it the kernels package: a warm or
+    # precompiled start must not pay for Pallas or the compiler's passes there
+    code = ("import sys, torchtpu.kernels.aten_cpu; bad = [m for m in sys.modules if 'pallas' in m "
+            "or m.startswith('torchtpu.passes')]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -28,7 +28,7 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """llama.tpu, train.tpu and dynamic.tpu saved by this process, with its compile cache."""
+    """llama.tpu, train.tpu, dynamic.tpu and bf16.tpu saved by this process, with its compile cache."""
     folder = tmp_path_factory.mktemp("precompiled")
     model = llama()
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -38,6 +38,7 @@ def saved(tmp_path_factory):
     torch._dynamo.mark_dynamic(dynamic_ids, 1)
     with torch.no_grad():  # grad mode is guarded: saved as it will be called
         torchtpu.precompile.save(model, (dynamic_ids,), folder / "dynamic.tpu")
+        torchtpu.precompile.save(llama().to(torch.bfloat16), (ids,), folder / "bf16.tpu")
     return folder
 
 
@@ -47,7 +48,7 @@ def test_a_fresh_process_runs_precompiled_programs_without_tracing_or_compiling(
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["loaded"] == [True, True, True] and out["warnings"] == []
+    assert out["loaded"] == [True, True, True, True] and out["warnings"] == []
     for stage in ("after_inference", "after_train"):  # static graphs: every executable from the cache
         assert out[stage]["dynamo_graphs"] == 0 and out[stage]["aot_graphs"] == 0, out[stage]
         assert out[stage]["xla_compiles"] == 0, out[stage]
@@ -57,6 +58,10 @@ def test_a_fresh_process_runs_precompiled_programs_without_tracing_or_compiling(
     # the symbolic graph is rebuilt from the artifact: no Dynamo either; lengths 5 and 27 are new buckets
     assert out["after_dynamic"]["dynamo_graphs"] == 0 and out["after_dynamic"]["aot_graphs"] == 0
     assert max(out["dynamic_errors"]) < 1e-5
+    # bfloat16: the cached executable, no compile; no worse than eager bfloat16 against float32
+    assert out["after_bf16"]["xla_compiles"] == out["after_dynamic"]["xla_compiles"]
+    assert out["after_bf16"]["dynamo_graphs"] == out["after_dynamic"]["dynamo_graphs"]
+    assert out["bf16_error_vs_f32"] <= 2 * out["eager_bf16_error_vs_f32"] + 1e-2, out
 
 
 def _load_warning(path, model=None, **kwargs) -> tuple[torchtpu.precompile.Precompiled, list[str]]:

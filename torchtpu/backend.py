@@ -65,7 +65,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options, serializab
     inference = {}
 
     def compiler(name):
-        def compile_fn(aten_gm, aten_inputs):
+        def build(aten_gm, aten_inputs):
+            """(the graph's runner, the positions of its resident inputs)."""
             counters.bump("aot_graphs")
             meta = _fw_metadata()
             resident = _resident(meta, name)
@@ -75,16 +76,16 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options, serializab
                 runner.dense_outputs_from = len(meta.tokens) + meta.num_forward  # the saved activations
             if name == "inference":
                 inference.update(runner=runner, meta=meta, inputs=len(aten_gm.graph.find_nodes(op="placeholder")))
-            return runner
+            return runner, resident
 
         if not serializable:
-            return compile_fn
+            return lambda aten_gm, aten_inputs: build(aten_gm, aten_inputs)[0]
 
         def output_code_fn(aten_gm, aten_inputs):
             saved = SavedGraph.of(aten_gm, aten_inputs)  # before the passes change the graph
-            runner = compile_fn(aten_gm, aten_inputs)
-            return TpuOutputCode(saved, opts, name, _resident(_fw_metadata(), name),
-                                 getattr(runner, "dense_outputs_from", None), CachedSignature.of(runner), runner)
+            runner, resident = build(aten_gm, aten_inputs)
+            return TpuOutputCode(saved, opts, name, resident, getattr(runner, "dense_outputs_from", None),
+                                 CachedSignature.of(runner), runner)
         return SerializableAOTDispatchCompiler(TpuOutputCode, output_code_fn)
 
     wrapped = aot_module_simplified(

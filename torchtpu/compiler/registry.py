@@ -54,6 +54,7 @@ def op(*targets, random: bool = False) -> Callable[[Rule], Rule]:
     """
 
     def register(rule: Rule) -> Rule:
+        _load_rules()  # a rule registered from outside (an extension) must meet the built-in ones now
         for target in targets:
             if isinstance(target, str):
                 if target in _NAMED:

@@ -28,13 +28,15 @@ VIEWS = (aten.as_strided.default, aten.view.default, aten._reshape_alias.default
 # Run as one program each rather than torch's composite: factories (else empty + an in-place
 # fill), index_put (else _index_put_impl_, which has no functional form with a rule),
 # convolutions (else convolution_overrideable, a backend's own kernel), cummax/cummin (else
-# _cummax_helper, which writes its outputs and has no functional form).
+# _cummax_helper, which writes its outputs and has no functional form), native_group_norm (else
+# torch's math composite, which views a channels-last input as if it were contiguous and fails).
 DIRECT = (aten.convolution.default, aten.convolution_backward.default, aten.cummax.default,
           aten.cummin.default, aten.randn.default, aten.rand.default, aten.randint.default, aten.randint.low,
           aten.randperm.default, aten.zeros.default, aten.ones.default, aten.full.default,
           aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default,
           aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
-          aten.rand_like.default, aten.randn_like.default, aten.index_put_.default, aten.index_put.default)
+          aten.rand_like.default, aten.randn_like.default, aten.index_put_.default, aten.index_put.default,
+          aten.native_group_norm.default)
 _libraries: list = []  # torch.library registrations live as long as their Library objects
 
 

@@ -54,7 +54,10 @@ def save(model_or_fn: Callable, example_args: tuple, path, example_kwargs: dict 
     dropped: list[str] = []
     options = {**(compile_kwargs.get("options") or {}), "guard_filter_fn": _serializable_guards(dropped)}
     compiled = torch.compile(fn, backend="tpu", fullgraph=True, **{**compile_kwargs, "options": options})
-    aot = compiled.aot_compile((args, dict(example_kwargs or {})))
+    # one shot: sizes are symbolic where marked (or dynamic=True), never because an earlier save in
+    # this process traced the shared `call_module` frame at other sizes (automatic dynamic)
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        aot = compiled.aot_compile((args, dict(example_kwargs or {})))
     payload = type(aot).serialize(aot).serialized_data
     header = {
         "kind": "module" if module is not None else "function",
