@@ -4,6 +4,7 @@
 """
 from torchtpu import precompile  # noqa: F401  (light: its API loads on first use)
 from torchtpu.counters import reset_stats, stats
+from torchtpu.eager import eager_mode, sync
 
 __version__ = "0.1.0"
 
@@ -18,4 +19,4 @@ def export(fn_or_module, *example_args, platforms=("cpu", "tpu"), **example_kwar
     return _export(fn_or_module, *example_args, platforms=platforms, **example_kwargs)
 
 
-__all__ = ["export", "precompile", "stats", "reset_stats", "__version__"]
+__all__ = ["export", "precompile", "stats", "reset_stats", "eager_mode", "sync", "__version__"]

@@ -27,6 +27,7 @@ _events: list[dict] = []
 _seen_metrics: set = set()
 _warned_frames: set = set()
 _log_failed = False
+_made: set = set()
 RUN = f"{os.getpid()}-{int(time.time())}"  # groups one process's events in a shared log
 
 
@@ -64,7 +65,9 @@ def _append(event: dict) -> None:
     if path is None or _log_failed:
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent not in _made:  # frequent events (defer mode's flushes): one mkdir per directory
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _made.add(path.parent)
         line = json.dumps(event, default=str, ensure_ascii=False) + "\n"
         with open(path, "a", encoding="utf-8") as f:  # one write per line: appends do not interleave
             f.write(line)

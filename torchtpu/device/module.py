@@ -120,7 +120,7 @@ def device(device):
 
 
 def synchronize(device=None) -> None:
-    """Waits for every program launched so far."""
+    """Runs what defer mode left pending; waits for every program launched so far."""
     _index(device)
     strict = sys.modules.get("torchtpu.device.strict")
     if strict is not None:
@@ -130,7 +130,16 @@ def synchronize(device=None) -> None:
 # --- random numbers ------------------------------------------------------------------------
 
 
+def _before_rng_change() -> None:
+    """Defer mode draws a pending graph's PRNG key at its flush: run random ops recorded
+    before a seed or state change first."""
+    defer = sys.modules.get("torchtpu.device.defer")
+    if defer is not None:
+        defer.flush_random("rng state")
+
+
 def manual_seed(seed: int) -> None:
+    _before_rng_change()
     generator().manual_seed(int(seed))
 
 
@@ -139,6 +148,7 @@ def manual_seed_all(seed: int) -> None:
 
 
 def seed() -> None:
+    _before_rng_change()
     generator().seed()
 
 
@@ -152,11 +162,13 @@ def initial_seed() -> int:
 
 def get_rng_state(device="tpu") -> torch.Tensor:
     _index(device)
+    _before_rng_change()
     return generator().get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
     _index(device)
+    _before_rng_change()
     generator().set_state(new_state)
 
 

@@ -59,10 +59,19 @@ class DeviceStorage:
         with _lock:
             _memory["allocated"] -= self.nbytes
 
-    def value(self):
+    def value(self, reason: str = "read"):
         """The current array, or None while nothing was written. Every read of a storage's
-        contents goes through here (a deferring executor would complete pending writes here)."""
-        return self.array
+        contents goes through here: a storage defer mode left pending runs its graph (`reason`
+        names the read in the flush's event)."""
+        array = self.array
+        if array.__class__ is Pending:
+            array = self.array = array.get(reason)
+        return array
+
+    def share(self):
+        """The contents to give another storage: the array, or a pending one as it is (arrays
+        are immutable, so both storages may hold it; reading either one runs the graph)."""
+        return self.array if self.array is not None else self.read()
 
     def set(self, array) -> None:
         """The storage's new contents (any shape of `numel` elements, in memory order)."""
@@ -94,7 +103,25 @@ class DeviceStorage:
 
     def copy(self) -> "DeviceStorage":
         """A storage with the same contents: arrays are immutable, so they can be shared."""
-        return DeviceStorage(self.numel, self.dtype, self.value())
+        return DeviceStorage(self.numel, self.dtype, self.array)
+
+
+class Pending:
+    """The array of a storage a deferred op wrote (defer mode: torchtpu/device/defer.py): filled
+    when the pending graph that computes it runs. Storages hold it in place of the array."""
+
+    __slots__ = ("shape", "array", "graph", "index", "__weakref__")
+
+    def __init__(self, shape: tuple, graph, index: int):
+        self.shape, self.array, self.graph, self.index = shape, None, graph, index
+
+    def get(self, reason: str):
+        if self.array is None:
+            self.graph.flush(reason)
+        if self.array is None:  # its graph failed
+            raise RuntimeError(f"torchtpu.device: this tensor's value was never computed: the deferred "
+                               f"graph that writes it failed ({self.graph.error})") from self.graph.error
+        return self.array
 
 
 def memory_allocated() -> int:

@@ -4,9 +4,9 @@
     -> run on the storages' device arrays -> written storages take the new arrays, new results
     become tpu tensors
 
-A later "defer" mode replaces `Strict.run` only: it would append the OpCall's graph to a pending
-one and give back tensors whose storages fill at a flush; describe, op_graph, the storages and
-the kernels stay as they are.
+Defer mode (defer.py) replaces `Strict.run` only: it appends the OpCall's graph to a pending
+one and gives back tensors whose storages fill at a flush; describe, op_graph (through
+`Strict.trace`), the storages and the kernels stay as they are.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import weakref
 import torch
 from torch.utils._pytree import tree_map
 
-from torchtpu import counters
+from torchtpu import counters, eager
 from torchtpu.compiler import checks
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.compiler.errors import LoweringError
@@ -80,17 +80,23 @@ class Strict:
             _recent.append(weakref.ref(results[0]))
         return _apply(call, program, [results[i] for i in program.outputs])
 
+    def trace(self, call: OpCall, op, args, kwargs) -> tuple:
+        """The op's graph, its example inputs, its Plan and the OpCall they are for (a number
+        the graph needs as a constant makes a new OpCall: the key remembers that)."""
+        try:
+            try:
+                gm, inputs, plan = graphs.op_graph(call)
+            except graphs.ScalarBaked:
+                self._baked.add(call.key)
+                call = describe(op, args, kwargs, lift=False)
+                gm, inputs, plan = graphs.op_graph(call)
+        except NotImplementedError as e:
+            raise NoDeviceKernel(f"torchtpu.device: {op} cannot run on the tpu device: {e}") from e
+        return gm, inputs, plan, call
+
     def _build(self, call: OpCall, op, args, kwargs) -> tuple[Program, OpCall]:
         with self._lock:
-            try:
-                try:
-                    gm, inputs, plan = graphs.op_graph(call)
-                except graphs.ScalarBaked:
-                    self._baked.add(call.key)
-                    call = describe(op, args, kwargs, lift=False)
-                    gm, inputs, plan = graphs.op_graph(call)
-            except NotImplementedError as e:
-                raise NoDeviceKernel(f"torchtpu.device: {op} cannot run on the tpu device: {e}") from e
+            gm, inputs, plan, call = self.trace(call, op, args, kwargs)
             name = f"eager_{op._schema.name.split('::')[-1]}_{op._overloadname}"
             try:
                 runner = compile_graph(gm, inputs, OPTIONS, name=name)
@@ -138,7 +144,7 @@ def on_host(op, args, kwargs):
     def to_cpu(x):
         if isinstance(x, torch.Tensor) and x.device.type == device:
             if id(x) not in copies:
-                copies[id(x)] = (x, transfer.to_host(x).clone())
+                copies[id(x)] = (x, transfer.to_host(x, f"host op {op}").clone())
             return copies[id(x)][1]
         return x
 
@@ -163,8 +169,9 @@ def on_host(op, args, kwargs):
 
 
 def synchronize() -> None:
-    """Waits for the results of the recent programs that are still alive (programs run in the
-    background; a result nobody holds needs no waiting)."""
+    """Runs what defer mode left pending, then waits for the results of the recent programs
+    that are still alive (programs run in the background; a result nobody holds needs no waiting)."""
+    eager._flush("synchronize")
     transfer.ready([a for a in (r() for r in list(_recent)) if a is not None])
 
 
@@ -173,5 +180,19 @@ _strict = Strict()
 
 
 def run(op, args, kwargs):
-    """Runs one op on tpu tensors (the kernels' single entry)."""
+    """Runs one op on tpu tensors (the kernels' single entry): now, or deferred in defer mode."""
+    if eager.current == "defer":
+        return (_defer or _deferred()).run(op, args, kwargs)
     return _strict.run(op, args, kwargs)
+
+
+def _deferred():
+    """defer.py's executor, imported at the first deferred op."""
+    global _defer
+    from torchtpu.device import defer
+
+    _defer = defer.executor
+    return _defer
+
+
+_defer = None

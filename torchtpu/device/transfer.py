@@ -119,13 +119,14 @@ def ready(arrays) -> None:
         a.block_until_ready()
 
 
-def to_host(t: torch.Tensor) -> torch.Tensor:
+def to_host(t: torch.Tensor, reason: str = "download") -> torch.Tensor:
     """A tpu tensor's values on the host, with its size and strides. On the CPU platform a view
-    of the device array's memory: read it, do not write it."""
+    of the device array's memory: read it, do not write it. `reason` names the read in the flush
+    event of a pending storage (defer mode)."""
     from torchtpu.device.storage import storage_of
 
     s = storage_of(t)
-    array = s.value()
+    array = s.value(reason)
     flat = torch.zeros(s.numel, dtype=s.dtype) if array is None else download(array).reshape(-1)
     if t.dtype != s.dtype:  # a view of another dtype (torch.save reads storages as bytes)
         flat = flat.view(t.dtype)
@@ -140,7 +141,7 @@ def _array_of(t: torch.Tensor, target: jax.Device):
     s = storage_of(t)
     if not (t.dtype == s.dtype and t.storage_offset() == 0 and t.is_contiguous() and s.shape == tuple(t.shape)):
         s = storage_of(t.clone(memory_format=torch.contiguous_format))
-    array = s.read()
+    array = s.value("compiled graph input") if s.array is not None else s.read()
     return array if target == device() else jax.device_put(array, target)
 
 

@@ -23,6 +23,12 @@ def text(summary: dict) -> str:
     if summary["recompiles"]:
         lines += ["", "recompiles"]
         lines += [f"  [{r['compile_id']}] {r['frame']}: {r['explanation']}" for r in summary["recompiles"]]
+    if summary.get("flushes"):
+        lines += ["", "defer-mode flushes by reason", f"  {'reason':<22} flushes      ops  compiled  cached  hit  errors  "
+                  "most frequent source"]
+        for reason, f in summary["flushes"].items():
+            lines.append(f"  {reason:<22} {f['flushes']:>7}  {f['ops']:>7}  {f['compile']:>8}  {f['cache']:>6}  "
+                         f"{f['hit']:>3}  {f['errors']:>6}  {f['sources'][0] if f['sources'] else ''}")
     if summary.get("eager_frames"):
         lines += ["", "frames run eagerly (the next new size would have hit Dynamo's recompile limit)"]
         lines += [_eager_line(f) for f in summary["eager_frames"]]

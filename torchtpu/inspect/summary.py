@@ -7,6 +7,9 @@ import os
 from torchtpu.inspect.explain import category, explain, frame_of
 
 
+_EAGER_GRAPHS = (("defer_", "eager device: defer-mode flushes"), ("eager_", "eager device: strict ops"))
+
+
 def summarize(events: list[dict]) -> dict:
     """Returns {"totals": {...}, "frames": [{...}], "reasons": {category: n}, "recompiles": [{...}],
     "eager_frames": [{...}]} (frames run eagerly past the recompile limit, with the new input shapes that did)."""
@@ -16,7 +19,11 @@ def summarize(events: list[dict]) -> dict:
     frames: dict = collections.defaultdict(lambda: {"compiles": 0, "recompiles": 0, "graphs": 0,
                                                     "buckets": set(), "seconds": 0.0})
 
-    def frame(run, fid):
+    def frame(run, fid, graph=None):
+        if fid is None and graph:  # the eager device's programs have no Dynamo frame
+            for prefix, label in _EAGER_GRAPHS:
+                if graph.startswith(prefix):
+                    return label
         return names.get((run, fid)) or f"frame {fid}"
 
     for e in events:
@@ -24,7 +31,7 @@ def summarize(events: list[dict]) -> dict:
         if kind == "graph":
             frames[frame(run, frame_of(e.get("compile_id")))]["graphs"] += 1
         elif kind == "compile":
-            f = frames[frame(*graph_frame.get((run, e.get("graph")), (run, None)))]
+            f = frames[frame(*graph_frame.get((run, e.get("graph")), (run, None)), e.get("graph"))]
             f["compiles"] += 1
             f["seconds"] += (e.get("lower_ms", 0) + e.get("compile_ms", 0)) / 1e3
         elif kind == "bucket":
@@ -59,7 +66,30 @@ def summarize(events: list[dict]) -> dict:
         "reasons": dict(collections.Counter(r["category"] for r in recompiles).most_common()),
         "recompiles": recompiles,
         "eager_frames": eager,
+        "flushes": flushes_by_reason(events),
     }
+
+
+def flushes_by_reason(events: list[dict]) -> dict:
+    """Defer mode's flushes (kind "flush") per reason: how many, ops run, how each program was
+    found ("hit": the process's own lookup; "cache": compile_graph's memory or disk cache;
+    "compile": XLA compiled it), failures, and the user lines that forced them most often."""
+    out: dict = {}
+    for e in events:
+        if e.get("kind") != "flush":
+            continue
+        r = out.setdefault(e.get("reason") or "?", {"flushes": 0, "ops": 0, "hit": 0, "cache": 0, "compile": 0,
+                                                   "errors": 0, "sources": collections.Counter()})
+        r["flushes"] += 1
+        r["ops"] += e.get("ops") or 0
+        if e.get("error"):
+            r["errors"] += 1
+        elif e.get("cache") in ("hit", "cache", "compile"):
+            r[e["cache"]] += 1
+        r["sources"][e.get("source") or "?"] += 1
+    for r in out.values():
+        r["sources"] = [f"{n}x {source}" for source, n in r["sources"].most_common(3)]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["flushes"]))
 
 
 def _frame_names(events) -> dict:

@@ -1,0 +1,402 @@
+"""Defer mode: ops on tpu tensors recorded into one pending graph, run as one program at a flush.
+
+    record (run)   describe (call.py) -> the op's graph, traced once per op key (Strict.trace)
+                   -> its inputs wired to the pending graph: a storage another deferred op wrote
+                   is that op's value, any other storage's array is a graph input, runtime numbers
+                   are 0-d inputs -> its results and written storages hold `Pending` arrays
+    flush          a value is needed (DeviceStorage.value: downloads, .item(), host ops, a compiled
+                   graph's input), synchronize, the end of backward, torchtpu.sync(), leaving defer
+                   mode, a seed change with random ops pending, TORCHTPU_DEFER_MAX_OPS ops
+                   -> the program for (the sequence of steps, the values still held) -> run ->
+                   each Pending gets its array
+
+The lookup is a trie over steps (per-op key id, input wiring): a step of a known sequence is one
+dict lookup, and a flush of a known sequence builds no graph. On a miss the ops' graphs are
+inlined into one FX graph that goes through compile_graph (passes, memory and disk cache, XLA).
+Only values a storage still holds at the flush are outputs: an intermediate nobody holds
+(its tensor freed: a weak reference died) stays inside the program.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import linecache
+import os
+import sys
+import threading
+import time
+import typing
+import weakref
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from torchtpu import counters, events
+from torchtpu.compiler import checks, registry
+from torchtpu.compiler.driver import compile_graph
+from torchtpu.compiler.errors import LoweringError
+from torchtpu.device import module, strict, transfer
+from torchtpu.device.call import describe
+from torchtpu.device.graph import HostOnly, scalar_markers
+from torchtpu.device.storage import Pending
+
+_MAX_OPS_ENV = "TORCHTPU_DEFER_MAX_OPS"
+_DEFAULT_MAX_OPS = 2048
+_INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+_graph_task = torch._C._current_graph_task_id
+
+
+def max_ops() -> int:
+    try:
+        return max(int(os.environ.get(_MAX_OPS_ENV, _DEFAULT_MAX_OPS)), 1)
+    except ValueError:
+        return _DEFAULT_MAX_OPS
+
+
+@dataclasses.dataclass
+class OpEntry:
+    """One op key's traced graph, shared by every record of it."""
+
+    id: int  # small int standing for the op key in the trie
+    op: object
+    gm: torch.fx.GraphModule
+    plan: object  # graph.Plan
+    scalars: list  # per runtime scalar: (dtype, how)
+    result_shapes: list  # per graph output: the array's shape
+    random: bool
+
+
+class Record(typing.NamedTuple):
+    entry: OpEntry
+    refs: tuple  # per placeholder: an input index (>= 0), or ~value index of an earlier op
+    first_value: int  # its results are values first_value, first_value + 1, ...
+    where: tuple  # (filename, line, function) of the user's code that called it
+
+
+class Node:
+    """A trie node: the sequence of steps so far. Programs by the values kept as outputs."""
+
+    __slots__ = ("children", "programs")
+
+    def __init__(self):
+        self.children: dict = {}
+        self.programs: dict = {}
+
+
+@dataclasses.dataclass
+class Program:
+    exe: object
+    runner: object
+    outputs: list  # per kept value: its index among the executable's results
+    key: str  # a digest of the sequence and the outputs (the flush event's program key)
+    name: str
+
+
+class PendingGraph:
+    """The ops recorded since the last flush."""
+
+    def __init__(self, executor: "Defer"):
+        self.executor = executor
+        self.node = executor.root
+        self.records: list[Record] = []
+        self.inputs: list = []  # device arrays: storages' arrays and runtime scalars
+        self.specs: list = []  # per input: (shape, dtype)
+        self.input_of: dict[int, int] = {}  # id(array) -> input index (arrays live as long as the graph)
+        self.values: list = []  # per value: a weak reference to its Pending
+        self.random = False
+        self.limit = max_ops()  # read at each flush: a change applies from the next graph
+        self.hits = 0  # ops whose traced graph was known (counted at the flush: eager_hits)
+        self.backward_task = None  # the autograd graph task whose end flushes this graph
+        self.error: Exception | None = None
+
+    def flush(self, reason: str) -> None:
+        self.executor.flush(reason, self)
+
+    def release(self) -> None:
+        """Drops what the run needed (the input arrays above all): a Pending that outlives its
+        flush keeps this object, for its error if the run failed."""
+        self.inputs = self.specs = self.input_of = self.values = self.records = None
+
+
+class Defer:
+    def __init__(self):
+        self.root = Node()
+        self._entries: dict[tuple, OpEntry] = {}
+        self._lock = threading.RLock()
+        self.graph = PendingGraph(self)
+
+    # --- recording ---------------------------------------------------------------------------
+
+    def run(self, op, args, kwargs):
+        base, hit = strict._strict, False
+        call = describe(op, args, kwargs)
+        if call.key in base._baked:
+            call = describe(op, args, kwargs, lift=False)
+        entry = self._entries.get(call.key)
+        if entry is None:
+            if call.key in base._host:
+                return strict.on_host(op, args, kwargs)
+            try:
+                entry, call = self._entry(call, op, args, kwargs)
+            except HostOnly:
+                base._host.add(call.key)
+                return strict.on_host(op, args, kwargs)
+        else:
+            hit = True
+        with self._lock:
+            graph = self.graph
+            if len(graph.records) >= graph.limit:
+                self.flush("max_ops", graph)
+                graph = self.graph
+            if hit:
+                graph.hits += 1
+            refs = []
+            inputs = len(graph.inputs)
+            try:
+                for s in call.storages:
+                    array = s.array
+                    if array.__class__ is Pending and array.array is None and array.graph is graph:
+                        refs.append(~array.index)
+                    else:
+                        refs.append(self._ref(graph, s))
+                for value, (dtype, how) in zip(call.scalars, entry.scalars):
+                    refs.append(self._input(graph, transfer.host_scalar(value) if how == "host"
+                                            else transfer.scalar(value, dtype), ((), dtype), fresh=True))
+            except BaseException:
+                _drop_inputs(graph, inputs)  # the op is not recorded: nor are its inputs
+                raise
+            refs = tuple(refs)
+            step = (entry.id, refs)
+            node = graph.node
+            child = node.children.get(step)
+            if child is None:
+                child = node.children[step] = Node()
+            graph.node = child
+            values = graph.values
+            first = len(values)
+            results = [Pending(shape, graph, first + i) for i, shape in enumerate(entry.result_shapes)]
+            values.extend([weakref.ref(p) for p in results])
+            graph.records.append(Record(entry, refs, first, _user_frame()))
+            if entry.random:
+                graph.random = True
+            if _graph_task() != -1:
+                self._flush_after_backward(graph)
+            return strict._apply(call, entry, results)
+
+    def _entry(self, call, op, args, kwargs):
+        with self._lock:
+            gm, _, plan, call = strict._strict.trace(call, op, args, kwargs)
+            _check_rules(op, gm)
+            output = next(n for n in gm.graph.nodes if n.op == "output")
+            shapes = [tuple(n.meta["val"].shape) for n in output.args[0]]
+            entry = OpEntry(len(self._entries), op, gm, plan, [(m[2], m[3]) for m in scalar_markers(call.template)],
+                            shapes, any(n.op == "call_function" and registry.is_random(n.target)
+                                                  for n in gm.graph.nodes))
+            self._entries[call.key] = entry
+            counters.bump("defer_op_graphs")
+            return entry, call
+
+    def _ref(self, graph: PendingGraph, s) -> int:
+        array = s.array
+        if array is None:
+            return self._input(graph, s.read(), (s.shape, s.dtype))
+        if array.__class__ is Pending:
+            if array.array is None and array.graph is graph:
+                return ~array.index
+            array = s.value()  # computed by an earlier flush (or its failure raises here)
+        return self._input(graph, array, (s.shape, s.dtype))
+
+    @staticmethod
+    def _input(graph: PendingGraph, array, spec, fresh: bool = False) -> int:
+        """The input index of `array`; runtime scalars each get their own (two equal numbers
+        sharing one input would make a program that depends on which numbers are equal)."""
+        if not fresh:
+            index = graph.input_of.get(id(array))
+            if index is not None:
+                return index
+            graph.input_of[id(array)] = len(graph.inputs)
+        graph.inputs.append(array)
+        graph.specs.append(spec)
+        return len(graph.inputs) - 1
+
+    def _flush_after_backward(self, graph: PendingGraph) -> None:
+        task = torch._C._current_graph_task_id()
+        if graph.backward_task != task:
+            graph.backward_task = task
+            _queue_callback(lambda: self.flush("backward", graph))
+
+    # --- flushing ----------------------------------------------------------------------------
+
+    def flush(self, reason: str, graph: PendingGraph | None = None) -> None:
+        """Runs `graph` (default: the current one) if it is still pending."""
+        with self._lock:
+            graph = graph or self.graph
+            if graph is not self.graph:
+                return  # flushed already
+            self.graph = PendingGraph(self)
+            if not graph.records:
+                return
+            self._run(graph, reason)
+
+    def _run(self, graph: PendingGraph, reason: str) -> None:
+        start = time.perf_counter()
+        kept = tuple([i for i, ref in enumerate(graph.values) if ref() is not None])
+        program = graph.node.programs.get(kept)
+        try:
+            if program is None:
+                compiles = counters.stats()["xla_compiles"]
+                program = graph.node.programs[kept] = self._build(graph, kept)
+                found = "compile" if counters.stats()["xla_compiles"] > compiles else "cache"
+            else:
+                found = "hit"
+            key = transfer.random_key(module.generator()) if program.exe.layout.uses_rng else None
+            try:
+                results = program.exe.run_arrays(graph.inputs, key)
+            except checks.CheckFailed as failed:
+                raise checks.user_error(failed.check, program.runner._node_at(failed.check["node"])) from None
+        except Exception as e:
+            graph.error = e
+            events.record("flush", reason=reason, ops=len(graph.records), source=_where(_user_frame()),
+                          error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            graph.release()
+            raise
+        values = graph.values
+        for i, r in zip(kept, program.outputs):
+            pending = values[i]()
+            if pending is not None:
+                pending.array = results[r]
+        if results:
+            strict._recent.append(weakref.ref(results[0]))
+        ops, inputs = len(graph.records), len(graph.inputs)
+        graph.release()
+        counters.bump("defer_flushes")
+        counters.bump("defer_ops", ops)
+        counters.bump("eager_hits", graph.hits)
+        events.record("flush", reason=reason, ops=ops, program=program.key, cache=found, graph=program.name,
+                      inputs=inputs, outputs=len(kept), source=_where(_user_frame()),
+                      ms=round((time.perf_counter() - start) * 1e3, 3))
+
+    def _build(self, graph: PendingGraph, kept: tuple) -> Program:
+        gm, example = _fused_graph(graph, kept)
+        name = f"defer_{len(graph.records)}ops"
+        try:
+            runner = compile_graph(gm, example, strict.OPTIONS, name=name)
+        except LoweringError as e:
+            raise _lowering_error(e, graph) from None
+        exe = runner.executable_for(runner.fixed_signature)
+        outputs = [slot.index for slot in exe.layout.outputs]
+        digest = hashlib.sha256(repr(([(r.entry.id, r.refs) for r in graph.records], kept)).encode()).hexdigest()[:16]
+        counters.bump("defer_programs")
+        return Program(exe, runner, outputs, digest, runner.name)
+
+
+def _drop_inputs(graph: PendingGraph, keep: int) -> None:
+    """Forgets the inputs after the first `keep` (a program's inputs must be its steps' inputs)."""
+    if graph.inputs is None or len(graph.inputs) <= keep:
+        return
+    del graph.inputs[keep:], graph.specs[keep:]
+    graph.input_of = {k: i for k, i in graph.input_of.items() if i < keep}
+
+
+def _fused_graph(graph: PendingGraph, kept: tuple):
+    """The recorded ops inlined into one FX graph: placeholders for the inputs, the kept values
+    as outputs. Each node carries its op's user frame as its stack trace (errors name it)."""
+    fx = torch.fx.Graph()
+    root = torch.nn.Module()
+    fake_mode = FakeTensorMode()
+    placeholders = []
+    with fake_mode:
+        example = [torch.empty(shape, dtype=dtype) for shape, dtype in graph.specs]
+    for i, fake in enumerate(example):
+        p = fx.placeholder(f"in{i}")
+        p.meta["val"] = fake
+        placeholders.append(p)
+    values: list = []
+    constants = 0
+    for record in graph.records:
+        trace = _stack_trace(record)
+        env = {}
+        op_inputs = iter([placeholders[r] if r >= 0 else values[~r] for r in record.refs])
+        for node in record.entry.gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = next(op_inputs)
+            elif node.op == "get_attr":
+                name = f"c{constants}"
+                constants += 1
+                setattr(root, name, getattr(record.entry.gm, node.target))
+                env[node] = fx.get_attr(name)
+                env[node].meta = dict(node.meta)
+            elif node.op == "output":
+                values.extend(env[a] for a in node.args[0])
+            else:
+                env[node] = fx.node_copy(node, lambda n: env[n])
+                env[node].meta["stack_trace"] = trace
+    fx.output(tuple(values[i] for i in kept))
+    return torch.fx.GraphModule(root, fx), example
+
+
+def _stack_trace(record: Record) -> str:
+    filename, line, function = record.where
+    code = linecache.getline(filename, line).strip()
+    return f'File "{filename}", line {line}, in {function}\n    {code}  (deferred {record.entry.op})'
+
+
+def _lowering_error(e: LoweringError, graph: PendingGraph) -> Exception:
+    return strict.NoDeviceKernel(f"torchtpu.device: a deferred op cannot run on the tpu device (defer mode, "
+                                 f"{len(graph.records)} ops pending): {e}")
+
+
+def _check_rules(op, gm) -> None:
+    """An op whose graph holds an ATen op without a rule fails where it is called, as in strict
+    mode, not at the flush."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and target is torch.ops.higher_order.with_effects:
+            target = node.args[1]
+        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and registry.lookup(target) is None:
+            raise strict.NoDeviceKernel(f"torchtpu.device: {op} cannot run on the tpu device: no lowering for {target}")
+
+
+_internal_code: dict = {}
+
+
+def _user_frame() -> tuple:
+    """(filename, line, function) of the innermost frame outside torch and torchtpu."""
+    f = sys._getframe(1)
+    last = None
+    while f is not None:
+        code = f.f_code
+        internal = _internal_code.get(code)
+        if internal is None:
+            internal = _internal_code[code] = code.co_filename.startswith(_INTERNAL)
+        if not internal:
+            return code.co_filename, f.f_lineno, code.co_name
+        last = f
+        f = f.f_back
+    code = last.f_code if last is not None else None
+    return (code.co_filename, last.f_lineno, code.co_name) if code else ("?", 0, "?")
+
+
+def _where(frame: tuple) -> str:
+    return f"{frame[0]}:{frame[1]} in {frame[2]}"
+
+
+def flush(reason: str) -> None:
+    """Runs the pending graph (torchtpu.sync, synchronize, leaving defer mode)."""
+    executor.flush(reason)
+
+
+def flush_random(reason: str) -> None:
+    """Runs the pending graph if it holds random ops (before the generator's state changes:
+    their key is drawn at the flush)."""
+    with executor._lock:
+        if executor.graph.random:
+            executor.flush(reason)
+
+
+def pending_ops() -> int:
+    return len(executor.graph.records)
+
+
+executor = Defer()
