@@ -74,7 +74,7 @@ def is_initialized() -> bool:
 
 def _lazy_init() -> None:
     """torch calls this before it makes or moves the first tpu tensor from Python: the kernels
-    register here, not at import (every `import torch` would pay their ≈30 ms)."""
+    register here, not at import (every `import torch` would pay their ≈50 ms)."""
     from torchtpu.device import registration
 
     registration.register_kernels()

@@ -2,7 +2,7 @@
 
 Two steps. The device (a few ms) is what `import torchtpu.device`, and through the
 `torch.backends` entry point every `import torch`, runs. The kernels (≈500 torch.library
-registrations, ≈30 ms) wait for torch's call of `torch.tpu._lazy_init`, which it makes before
+registrations, ≈50 ms) wait for torch's call of `torch.tpu._lazy_init`, which it makes before
 the first tpu tensor is made or moved from Python (factories, `torch.tensor`, `.to`).
 """
 from __future__ import annotations
