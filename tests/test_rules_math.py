@@ -111,3 +111,10 @@ def test_complex_and_fft():
                 torch.fft.ifft(r).real, torch.fft.ifft(r).imag)
 
     assert_matches_eager(fn, x, r)
+
+
+def test_hardshrink_backward_zeroes_inside_the_band():
+    x = torch.tensor([-1.0, -0.5, -0.2, 0.0, 0.5, 0.7])
+    fn = lambda g, t: torch.ops.aten.hardshrink_backward(g, t, 0.5)  # noqa: E731
+    out = assert_matches_eager(fn, torch.arange(6.0) + 1, x)
+    assert out.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 6.0]
