@@ -113,8 +113,8 @@ def test_complex_and_fft():
     assert_matches_eager(fn, x, r)
 
 
-def test_hardshrink_backward_zeroes_inside_the_band():
+def test_shrink_backward_zeroes_inside_the_band():
     x = torch.tensor([-1.0, -0.5, -0.2, 0.0, 0.5, 0.7])
-    fn = lambda g, t: torch.ops.aten.hardshrink_backward(g, t, 0.5)  # noqa: E731
-    out = assert_matches_eager(fn, torch.arange(6.0) + 1, x)
-    assert out.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 6.0]
+    for shrink in (torch.ops.aten.hardshrink_backward, torch.ops.aten.softshrink_backward):
+        out = assert_matches_eager(lambda g, t: shrink(g, t, 0.5), torch.arange(6.0) + 1, x)  # noqa: B023
+        assert out.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 6.0]

@@ -276,8 +276,8 @@ def _threshold_backward(ctx, grad, x, threshold):
     return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
 
 
-@op(aten.hardshrink_backward.default)
-def _hardshrink_backward(ctx, grad, x, lambd):
+@op(aten.hardshrink_backward.default, aten.softshrink_backward.default)  # one formula
+def _shrink_backward(ctx, grad, x, lambd):
     return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros((), grad.dtype), grad)
 
 
