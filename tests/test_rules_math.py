@@ -24,6 +24,19 @@ def test_cholesky_solve_inverse():
     assert_matches_eager(fn, a, b, rtol=1e-4, atol=1e-4)
 
 
+def test_private_kernels_the_eager_device_reaches():
+    torch.manual_seed(0)
+    a, b = _spd(4, (2,)), torch.randn(2, 4, 3)
+    n = torch.randn(5, 5)
+
+    def fn(a, b, n):
+        l = torch.linalg.cholesky_ex(a)[0]
+        return (torch.ops.aten._cholesky_solve_helper(b, l, False),
+                torch.ops.aten._cholesky_solve_helper(b, l.mT, True), torch.ops.aten._linalg_eigvals(n))
+
+    assert_matches_eager(fn, a, b, n, rtol=1e-4, atol=1e-4)
+
+
 def test_lu_family():
     torch.manual_seed(0)
     a, b = torch.randn(3, 4, 4), torch.randn(3, 4, 2)
