@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import fcntl
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -53,8 +52,7 @@ def cases(dtype_name: str, chunk: int | None = None):
 
 
 def _in_bfloat16_subset(opinfo) -> bool:
-    return opinfo.name.startswith(BFLOAT16_PREFIXES) or (
-        opinfo.name in _UNARY_AND_BINARY and not opinfo.name.startswith(("special.", "linalg.")))
+    return opinfo.name.startswith(BFLOAT16_PREFIXES) or opinfo.name in _UNARY_AND_BINARY
 
 
 def _unary_and_binary() -> set[str]:
@@ -133,8 +131,8 @@ def _cpu_grads(opinfo, rebuild, tensors):
 
 
 def _sample_inputs(opinfo, dtype):
-    # sample_inputs_func directly: OpInfo.sample_inputs walks the Python stack (inspect.stack)
-    # per sample to find a unittest method, which costs ≈0.1 s a sample under pytest.
+    # sample_inputs_func directly: OpInfo.sample_inputs walks the Python stack (inspect.stack,
+    # reading source files) to find a unittest method: 3.4 s of 43 in a profile of 12 OpInfos.
     torch.manual_seed(0)
     return opinfo.sample_inputs_func(opinfo, "cpu", dtype, False)
 
