@@ -452,6 +452,14 @@ def test_linear_forward_backward_matches_cpu():
         torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-5)
 
 
+def test_backward_formulas_with_a_zero_tensor_and_an_index_put():
+    x = torch.randn(3, 4)
+    t = x.to(TPU).requires_grad_()
+    (g,) = torch.autograd.grad(t.sgn().sum() + t[[0, 2, 0]].square().sum(), t)  # sgn: an _efficientzerotensor
+    _same(g, torch.zeros(3, 4).index_put_((torch.tensor([0, 2, 0]),), 2 * x[[0, 2, 0]], accumulate=True),
+          atol=1e-6)
+
+
 @pytest.mark.parametrize("foreach", [None, False])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_mlp_training_steps_match_cpu(optimizer, foreach):

@@ -21,6 +21,13 @@ def test_index_put_accumulate_sums_duplicates():
     assert out.tolist() == [0.0, 7.0, 0.0, 3.0]
 
 
+def test_index_put_impl_the_backward_of_indexing_calls():
+    def fn(x, i, v):
+        return torch.ops.aten._index_put_impl(x, (i,), v, True, True), torch.ops.aten._index_put_impl(x, (i,), v)
+
+    assert_matches_eager(fn, torch.zeros(4, 2), torch.tensor([3, 0, 3]), torch.randn(3, 2))
+
+
 def test_index_put_bool_mask_with_scalar():
     def fn(x, m):
         x = x.clone()

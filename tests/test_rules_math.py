@@ -24,6 +24,19 @@ def test_cholesky_solve_inverse():
     assert_matches_eager(fn, a, b, rtol=1e-4, atol=1e-4)
 
 
+def test_private_kernels_the_eager_device_reaches():
+    torch.manual_seed(0)
+    a, b = _spd(4, (2,)), torch.randn(2, 4, 3)
+    n = torch.randn(5, 5)
+
+    def fn(a, b, n):
+        l = torch.linalg.cholesky_ex(a)[0]
+        return (torch.ops.aten._cholesky_solve_helper(b, l, False),
+                torch.ops.aten._cholesky_solve_helper(b, l.mT, True), torch.ops.aten._linalg_eigvals(n))
+
+    assert_matches_eager(fn, a, b, n, rtol=1e-4, atol=1e-4)
+
+
 def test_lu_family():
     torch.manual_seed(0)
     a, b = torch.randn(3, 4, 4), torch.randn(3, 4, 2)
@@ -111,3 +124,10 @@ def test_complex_and_fft():
                 torch.fft.ifft(r).real, torch.fft.ifft(r).imag)
 
     assert_matches_eager(fn, x, r)
+
+
+def test_shrink_backward_zeroes_inside_the_band():
+    x = torch.tensor([-1.0, -0.5, -0.2, 0.0, 0.5, 0.7])
+    for shrink in (torch.ops.aten.hardshrink_backward, torch.ops.aten.softshrink_backward):
+        out = assert_matches_eager(lambda g, t: shrink(g, t, 0.5), torch.arange(6.0) + 1, x)  # noqa: B023
+        assert out.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 6.0]

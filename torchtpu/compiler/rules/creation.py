@@ -43,6 +43,12 @@ def _empty_like(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None
     return jnp.zeros(x.shape, ctx.out_dtype)
 
 
+# torch's zero tensor (sgn's and other backward formulas' gradient of zero): plain zeros here
+@op(aten._efficientzerotensor.default)
+def _efficientzerotensor(ctx, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), ctx.out_dtype)
+
+
 @op(aten.zeros_like.default)
 def _zeros_like(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.zeros(x.shape, ctx.out_dtype)

@@ -60,8 +60,8 @@ def _index_target_shape(x, idx):
 
 
 @op(aten.index_put.default, aten.index_put.hacked_twin, aten._unsafe_index_put.default,
-    aten._unsafe_index_put.hacked_twin)
-def _index_put(ctx, x, indices, values, accumulate=False):
+    aten._unsafe_index_put.hacked_twin, aten._index_put_impl.default)  # the last: indexing's backward
+def _index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
     idx = _advanced(x, indices)
     values = values.astype(x.dtype)
     target = _index_target_shape(x, idx)

@@ -132,7 +132,7 @@ def _cholesky_ex(ctx, a, *, upper=False, check_errors=False):
     return l, _info_from_nan(l)
 
 
-@op(aten.cholesky_solve.default)
+@op(aten.cholesky_solve.default, aten._cholesky_solve_helper.default)  # the eager device: the helper
 def _cholesky_solve(ctx, b, l, upper=False):
     b, l = _float(ctx, b), _float(ctx, l)
     if upper:  # A = U^H U
@@ -334,6 +334,11 @@ def _eig(ctx, a):
         raise NotImplementedError("linalg.eig (non-symmetric eigenproblem) has an XLA kernel on CPU only")
     vals, vecs = lax.linalg.eig(a, compute_left_eigenvectors=False)
     return vals, vecs
+
+
+@op(aten._linalg_eigvals.default)
+def _eigvals(ctx, a):
+    return _eig(ctx, a)[0]
 
 
 @op(aten._linalg_svd.default)

@@ -276,6 +276,11 @@ def _threshold_backward(ctx, grad, x, threshold):
     return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
 
 
+@op(aten.hardshrink_backward.default, aten.softshrink_backward.default)  # one formula
+def _shrink_backward(ctx, grad, x, lambd):
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros((), grad.dtype), grad)
+
+
 @op(aten.sigmoid_backward.default)
 def _sigmoid_backward(ctx, grad, out):
     return grad * out * (1 - out)

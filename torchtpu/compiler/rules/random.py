@@ -91,3 +91,42 @@ def _normal_functional(ctx, x, mean=0.0, std=1.0, *, generator=None):
 @op(aten.exponential.default, random=True)
 def _exponential(ctx, x, lambd=1.0, *, generator=None):
     return jax.random.exponential(ctx.next_key(), x.shape, accumulate_dtype(x.dtype)) / lambd
+
+
+@op(aten.cauchy.default, random=True)
+def _cauchy(ctx, x, median=0.0, sigma=1.0, *, generator=None):
+    return median + sigma * jax.random.cauchy(ctx.next_key(), x.shape, accumulate_dtype(x.dtype))
+
+
+@op(aten.log_normal.default, random=True)
+def _log_normal(ctx, x, mean=1.0, std=2.0, *, generator=None):
+    return jnp.exp(mean + std * jax.random.normal(ctx.next_key(), x.shape, accumulate_dtype(x.dtype)))
+
+
+@op(aten.geometric.default, random=True)
+def _geometric(ctx, x, p, *, generator=None):
+    # torch's support is {1, 2, ...}: the number of trials up to the first success
+    u = jax.random.uniform(ctx.next_key(), x.shape, jnp.float32, minval=jnp.finfo(jnp.float32).tiny)
+    return jnp.ceil(jnp.log(u) / jnp.log1p(-jnp.float32(p)))
+
+
+@op(aten.bernoulli.Tensor, random=True)
+def _bernoulli_tensor(ctx, x, p, *, generator=None):
+    u = jax.random.uniform(ctx.next_key(), x.shape, accumulate_dtype(p.dtype))
+    return u < jnp.broadcast_to(p, x.shape)
+
+
+@op(aten.poisson.default, random=True)
+def _poisson(ctx, rates, generator=None):
+    return jax.random.poisson(ctx.next_key(), rates.astype(jnp.float32), rates.shape)
+
+
+@op(aten.multinomial.default, random=True)
+def _multinomial(ctx, probs, num_samples, replacement=False, *, generator=None):
+    logits = jnp.log(probs.astype(accumulate_dtype(probs.dtype)))
+    key = ctx.next_key()
+    if replacement:
+        draws = jax.random.categorical(key, logits, shape=(num_samples, *logits.shape[:-1]))
+        return jnp.moveaxis(draws, 0, -1)
+    # without replacement: the top num_samples of the logits perturbed by Gumbel noise
+    return jax.lax.top_k(logits + jax.random.gumbel(key, logits.shape, logits.dtype), num_samples)[1]

@@ -217,7 +217,7 @@ def _log_softmax_backward(ctx, grad, out, dim, input_dtype):
     return grad - jnp.exp(out) * jnp.sum(grad, axis=dim, keepdims=True)
 
 
-@op(aten.logcumsumexp.default)
+@op(aten.logcumsumexp.default, aten._logcumsumexp.default)
 def _logcumsumexp(ctx, x, dim):
     acc = accumulate_dtype(ctx.out_dtype)
     x = x.astype(acc)
