@@ -490,6 +490,60 @@ def test_mlp_training_steps_match_cpu(optimizer, foreach):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-5)
 
 
+class _ForeachCalls(torch.overrides.TorchFunctionMode):
+    """Counts the torch._foreach_* calls on tpu tensor lists."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name.startswith("_foreach_") and any(isinstance(a, (list, tuple)) and a and
+                                               isinstance(a[0], torch.Tensor) and a[0].device.type == TPU
+                                               for a in args):
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("optimizer", ["adamw", "adam_amsgrad", "sgd"])
+def test_a_foreach_optimizer_step_is_one_device_op_per_foreach_call(mode, optimizer):
+    from torchtpu.device import defer
+
+    make = {"adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+            "adam_amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True, weight_decay=0.01),
+            "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)}[optimizer]
+    torch.manual_seed(0)
+    cpu = _mlp()
+    dev = copy.deepcopy(cpu).to(TPU)
+    opts = [make(cpu.parameters()), make(dev.parameters())]
+    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    with torchtpu.eager_mode(mode):
+        for step in range(5):
+            if step == 3:  # defer: step 2's graph is the first without the state's creation
+                programs = (_count("eager_programs"), _count("defer_programs"), _count("xla_compiles"))
+            for m, opt in zip((cpu, dev), opts):
+                on = next(m.parameters()).device
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(m(x.to(on)), y.to(on)).backward()
+                if on.type != TPU:
+                    opt.step()
+                    continue
+                torchtpu.sync()
+                before = _count("eager_programs") + _count("eager_hits") + defer.pending_ops()
+                with _ForeachCalls() as calls:
+                    opt.step()
+                ops = _count("eager_programs") + _count("eager_hits") + defer.pending_ops() - before
+                if step:  # (the first step also makes the optimizer's state: zeros_like per tensor)
+                    assert calls.calls >= 3 and ops == calls.calls  # one device op per foreach call
+            for opt in opts:
+                opt.param_groups[0]["lr"] *= 0.7  # a new learning rate every step: no new program
+        assert (_count("eager_programs"), _count("defer_programs"), _count("xla_compiles")) == programs
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-5, rtol=1e-5)
+
+
 def test_deepcopy_dtype_views_and_accumulating_index_put():
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2).to(TPU)

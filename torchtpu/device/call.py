@@ -23,7 +23,7 @@ import torch
 from torchtpu.device import storage as storages
 
 # Scalar (not Tensor) arguments that hold a per-step value; other Scalars are constants.
-LIFTED = frozenset({"alpha", "value"})
+LIFTED = frozenset({"alpha", "value", "scalar", "scalars"})  # the last two: _foreach_* ops only
 
 
 class Marker:
@@ -43,7 +43,8 @@ DEVICE = Marker("device")
 @dataclasses.dataclass(frozen=True)
 class ArgInfo:
     name: str
-    kind: str  # "tensor" (Tensor or Tensor?), "tensors" (a list of them), "scalar" (Scalar), "other"
+    kind: str  # "tensor" (Tensor or Tensor?), "tensors" (a list of them), "scalar" (Scalar),
+    #            "scalars" (Scalar[]), "other"
     kwarg_only: bool
     default: object
     writes: bool  # the op writes it (in-place self, out=)
@@ -68,6 +69,8 @@ def kind_of(t) -> str:
         return "tensors"
     if isinstance(t, torch._C.NumberType):
         return "scalar"
+    if isinstance(t, torch._C.ListType) and isinstance(t.getElementType(), torch._C.NumberType):
+        return "scalars"
     return "other"
 
 
@@ -157,7 +160,7 @@ class _State:
             return tuple([self.encode(x, arg) for x in v])
         cls = v.__class__
         if self.lift and (cls is float or cls is int) and (
-                arg.kind == "tensor" or (arg.kind == "scalar" and arg.name in LIFTED and cls is float)):
+                arg.kind == "tensor" or (arg.kind in ("scalar", "scalars") and arg.name in LIFTED and cls is float)):
             self.scalars.append(v)
             dtype = torch.get_default_dtype() if cls is float else torch.int64
             return (SCALAR, len(self.scalars) - 1, dtype, "number")

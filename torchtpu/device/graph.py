@@ -54,8 +54,43 @@ _EAGER_ONLY = [aten.upsample_bilinear2d.default, aten.upsample_nearest2d.default
 
 @functools.cache
 def _decompositions() -> dict:
-    """The compiler's decomposition table, plus torch's own for _EAGER_ONLY."""
-    return {**get_decompositions(_EAGER_ONLY), **decomposition_table()}
+    """The compiler's decomposition table, plus torch's own for _EAGER_ONLY, plus the functional
+    `_foreach_*` ops the device runs directly (kernels.foreach_ops), each into its per-tensor ops."""
+    from torchtpu.device.kernels import foreach_ops
+
+    foreach = {}
+    for op in foreach_ops():
+        if not op._schema.is_mutable:
+            foreach[op] = functools.partial(_foreach, op)
+    return {**get_decompositions(_EAGER_ONLY), **decomposition_table(), **foreach}
+
+
+# A foreach op's Scalar that the per-tensor op takes under another name; maximum/minimum of a
+# list are the per-tensor ops of the same name.
+_FOREACH_VALUE = {"addcmul", "addcdiv"}  # scalar(s) -> value=
+
+
+def _foreach(op, *args, **kwargs):
+    """`_foreach_<name>(lists..., others...)`: `<name>(list[i]..., others...)` for each i (a
+    Python number of a ScalarList stays one number per tensor: its own runtime input)."""
+    name = op._schema.name.split("::")[1][len("_foreach_"):]
+    target = getattr(aten, name)
+    schema = schema_of(op)
+    values = [args[i] if i < len(args) else kwargs.get(a.name, a.default) for i, a in enumerate(schema.args)]
+    n = next(len(v) for v, a in zip(values, schema.args) if a.kind == "tensors")
+    out = []
+    for i in range(n):
+        pos, kw = [], {}
+        for v, a in zip(values, schema.args):
+            v = v[i] if a.kind in ("tensors", "scalars") else v
+            if name in _FOREACH_VALUE and a.kind in ("scalar", "scalars"):
+                kw["value"] = v
+            elif a.kwarg_only:
+                kw[a.name] = v
+            else:
+                pos.append(v)
+        out.append(target(*pos, **kw))
+    return out
 
 
 class ScalarBaked(Exception):

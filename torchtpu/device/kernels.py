@@ -37,6 +37,29 @@ DIRECT = (aten.convolution.default, aten.convolution_backward.default, aten.cumm
           aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
           aten.rand_like.default, aten.randn_like.default, aten.index_put_.default, aten.index_put.default,
           aten.native_group_norm.default)
+# torch's optimizers' foreach ops (Adam, AdamW, SGD, ...): one program (strict) or one recorded
+# step (defer) over the whole list, where torch's slow path for a backend would run one op per
+# tensor. graph.py decomposes each into its per-tensor ops while tracing.
+_FOREACH_BASES = ("add", "sub", "mul", "div", "lerp", "addcmul", "addcdiv", "sqrt", "neg", "pow", "maximum",
+                  "minimum", "reciprocal", "clamp_min", "clamp_max", "sign", "exp", "zero", "copy")
+
+
+def foreach_ops() -> list:
+    """The `_foreach_*` overloads the device runs directly (not the out= ones, nor addcmul's and
+    addcdiv's .Tensor, whose per-list values come as a 1-d tensor)."""
+    ops = []
+    for base in _FOREACH_BASES:
+        for name in (f"_foreach_{base}", f"_foreach_{base}_"):
+            packet = getattr(aten, name)
+            for overload in packet.overloads():
+                if overload.endswith("out") or (base in ("addcmul", "addcdiv") and overload == "Tensor"):
+                    continue
+                if base in ("maximum", "minimum") and overload != "List":
+                    continue
+                ops.append(getattr(packet, overload))
+    return ops
+
+
 _libraries: list = []  # torch.library registrations live as long as their Library objects
 
 
@@ -44,7 +67,7 @@ def register() -> None:
     lib = torch.library.Library("aten", "IMPL")
     for op in VIEWS:
         lib.impl(op, storage.metadata_view(op), KEY)
-    for op in DIRECT:
+    for op in DIRECT + tuple(foreach_ops()):
         lib.impl(op, functools.partial(_run, op), KEY)
     for name in _structured():
         lib.impl(name, _Structured(name), KEY)
