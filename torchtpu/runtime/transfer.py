@@ -39,7 +39,8 @@ def holds_arrays(device: torch.device | None) -> bool:
 def _dense(t: torch.Tensor) -> torch.Tensor:
     """A tensor whose strides are exactly row-major: PJRT executables take the default layout,
     and DLPack would otherwise carry torch's free strides of size-1 dims through."""
-    if (not t.requires_grad and t.is_contiguous() and 1 not in t.shape and 0 not in t.shape
+    shape = t.shape
+    if (not t.requires_grad and t.is_contiguous() and 1 not in shape and 0 not in shape
             and not t.is_conj() and not t.is_neg()):
         return t  # the common case, checked cheaply
     if t.requires_grad:
@@ -55,10 +56,6 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _from_host_dlpack(t: torch.Tensor, device: jax.Device):
-    return _jax.dlpack_managed_tensor_to_buffer(torch._C._to_dlpack(t), device, None, None, _KDLCPU)
-
-
 def zero_copy(device) -> bool:
     """Whether `to_device` makes a view of the tensor's memory rather than a copy."""
     return getattr(device, "platform", None) == "cpu"
@@ -66,8 +63,8 @@ def zero_copy(device) -> bool:
 
 def to_device(t: torch.Tensor, device: jax.Device):
     t = _dense(t)
-    if t.is_cpu and device.platform == "cpu":
-        return _from_host_dlpack(t, device)
+    if t.is_cpu and device.platform == "cpu":  # a view of the tensor's memory
+        return _jax.dlpack_managed_tensor_to_buffer(torch._C._to_dlpack(t), device, None, None, _KDLCPU)
     own = _DEVICE_TENSORS.get(t.device.type)
     if own is not None:
         return own[0](t, device)
