@@ -119,6 +119,11 @@ class Executable:
         # the program's own strides (then the outputs need no per-slot rebuilding).
         self._plain_outputs = all(s.kind == "tensor" and s.stride is None and s.index == i
                                   for i, s in enumerate(layout.outputs))
+        # A host program with nothing to do per call but move its tensors in and out: `run` then
+        # takes one short path (each step of the general one costs its own calls; measured in
+        # docs/benchmarks.md, "Call overhead of a tiny graph").
+        self.plain_host = (self._cpu and self._execute is not None and self._plain_outputs
+                            and not layout.uses_rng and not layout.checks)
 
     # Tests set this to copy resident inputs on the CPU too, as an accelerator's transfer does,
     # to check that resident copies follow in-place updates.
@@ -168,6 +173,12 @@ class Executable:
                 and reused while the tensor is unchanged (runtime/residency.py).
             dense_from: outputs from this position on keep the program's row-major layout.
         """
+        if self.plain_host and not resident:
+            arrays = transfer.host_arrays(args, self.layout.tensor_inputs, self.device)
+            if arrays is not None:  # every input a CPU tensor: the outputs are CPU tensors too
+                results = self.execute(arrays)
+                args.clear()
+                return [transfer.from_cpu_buffer(a) for a in results]
         if self._execute is None:
             raise NotRunnableHere(f"this executable was compiled for {self.device} without one attached")
         inputs = self.layout.tensor_inputs

@@ -56,6 +56,18 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def host_arrays(args: list, positions: list[int], device: jax.Device) -> list | None:
+    """`to_device(args[i], device)` for each position, for a CPU `device`, in one call; None when
+    one of those arguments is not a CPU tensor (to_device knows where the others go)."""
+    arrays = []
+    for i in positions:
+        t = args[i]
+        if not t.is_cpu:
+            return None
+        arrays.append(_jax.dlpack_managed_tensor_to_buffer(torch._C._to_dlpack(_dense(t)), device, None, None, _KDLCPU))
+    return arrays
+
+
 def zero_copy(device) -> bool:
     """Whether `to_device` makes a view of the tensor's memory rather than a copy."""
     return getattr(device, "platform", None) == "cpu"
