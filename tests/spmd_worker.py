@@ -181,6 +181,31 @@ def multiprocess(pid: int, port: int) -> dict:
             "sum": got.double().sum().item()}
 
 
+def executable_per_device() -> dict:
+    """One program compiled for each of two devices, each called three times: the later calls
+    go through the result handlers the first one kept, and every result stays on its device."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from torchtpu.layout import OutputSlot, ProgramLayout
+    from torchtpu.runtime import transfer
+    from torchtpu.runtime.executable import Executable
+
+    x = torch.arange(6, dtype=torch.float32)
+    layout = ProgramLayout([0], False, [OutputSlot("tensor", 0), OutputSlot("tensor", 1)])
+    out = {}
+    for device in jax.devices()[:2]:
+        one = jax.sharding.SingleDeviceSharding(device)
+        compiled = jax.jit(lambda a: (a * 2 + 1, a.sum()), in_shardings=one, out_shardings=one,
+                           keep_unused=True).lower(jax.ShapeDtypeStruct((6,), jnp.float32)).compile()
+        exe = Executable(compiled._executable.xla_executable, layout, device)
+        calls = [exe.run_arrays([transfer.to_device(x, device)]) for _ in range(3)]
+        out[str(device)] = {"devices": [sorted(str(d) for a in results for d in a.devices()) for results in calls],
+                            "values": [[np.asarray(a).tolist() for a in results] for results in calls],
+                            "torch": [t.tolist() for t in exe.run([x])]}
+    return {"executables": out}
+
+
 def main() -> None:
     if sys.argv[2] == "multiprocess":
         _emit(multiprocess(int(sys.argv[3]), int(sys.argv[4])))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,3 +149,51 @@ def test_wrapper_kept_where_it_has_work(fn, reason):
     paths = _call_paths()[before:]
     assert [(p["path"], p.get("reason")) for p in paths] == [("aot_autograd", reason)]
 
+
+
+def _outputs_of_several_kinds(x, i):
+    return x * 2, (x > 0).sum(), x[i].to(torch.int32), (x + 1).unsqueeze(0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_calls_after_the_first_rebuild_every_output_like_eager(dynamic):
+    # An executable's first call splits PJRT's results generically and keeps one result handler
+    # per result; later calls go through the handlers. Outputs of several dtypes and shapes, a
+    # run-time index check's flag among the results, new shapes (a new executable, or with
+    # dynamic=True another bucket or the same bucket with other true sizes).
+    f = compile_tpu(_outputs_of_several_kinds, dynamic=dynamic)
+    for n in (8, 8, 5, 8, 5, 3):
+        x, i = torch.randn(n), torch.tensor([0, n - 1])
+        for got, expected in zip(f(x, i), _outputs_of_several_kinds(x, i)):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)  # dtype and shape too
+    with pytest.raises(IndexError):  # the check's flag still reaches the host through the handlers
+        f(torch.randn(8), torch.tensor([8]))
+
+
+def test_kept_result_handlers_give_the_first_calls_arrays():
+    from torchtpu.backend import tpu_backend
+
+    handed = []
+
+    def keeping(gm, example_inputs):
+        handed.append(tpu_backend(gm, example_inputs))
+        return handed[-1]
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x * 2, (x > 0).sum(), x.to(torch.int64)), backend=keeping, fullgraph=True)
+    x = torch.randn(6)
+    f(x)
+    graph = handed[0].runner
+    compiled = graph.executable_for(graph.fixed_signature)
+    exe = Executable(compiled.xla_executable, compiled.layout, compiled.device)  # no handlers kept yet
+    arrays = exe.input_arrays([x], frozenset(), x.device)
+    first = exe.execute(arrays)  # the generic split
+    assert exe._result_handlers is not None
+    second = exe.execute(arrays)  # through the kept handlers
+    assert len(first) == len(second) == 3
+    for a, b in zip(first, second):
+        assert (b.aval, b.sharding, b.committed, b.devices()) == (a.aval, a.sharding, a.committed, a.devices())
+        assert (np.asarray(a) == np.asarray(b)).all()
+    for got, expected in zip(exe.outputs(second, x.device), (x * 2, (x > 0).sum(), x.to(torch.int64))):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert exe.run_arrays(arrays)[1].aval == first[1].aval  # the eager device's path takes them too

@@ -209,3 +209,12 @@ def test_one_device_mesh_runs_the_sharded_path_and_names_parameters():
     assert spmd_events["forward"]["params"]["2.weight"]["spec"] == [None, "tp"]
     assert "2.weight" in spmd_events["backward"]["params"]  # a saved primal keeps its name
     assert torchtpu.stats()["cache_bypass"] == 2  # sharded programs are not cached (docs/spmd.md)
+
+
+def test_single_device_executables_keep_each_result_on_their_device():
+    (r,) = _workers(2, ["executable_per_device"])
+    assert sorted(r["executables"]) == ["cpu:0", "cpu:1"]
+    for device, calls in r["executables"].items():
+        assert calls["devices"] == [[device, device]] * 3
+        assert calls["values"] == [[[1.0, 3.0, 5.0, 7.0, 9.0, 11.0], 15.0]] * 3
+        assert calls["torch"] == [[1.0, 3.0, 5.0, 7.0, 9.0, 11.0], 15.0]

@@ -11,6 +11,7 @@ from typing import Callable
 
 import jax
 import torch
+from jax._src.lib import _jax
 from jax.extend import backend as jax_backend
 
 from torchtpu.compiler import checks
@@ -112,6 +113,17 @@ class Executable:
         self.layout = layout
         self.device = device
         self._execute = getattr(xla_executable, "execute_sharded", None)
+        self._cpu = getattr(device, "platform", None) == "cpu"  # None: deviceless, never run
+        self._result_handlers: list | None = None  # made from the first call's results
+        # The common case of an output list: every output one program result, in order, with
+        # the program's own strides (then the outputs need no per-slot rebuilding).
+        self._plain_outputs = all(s.kind == "tensor" and s.stride is None and s.index == i
+                                  for i, s in enumerate(layout.outputs))
+        # A host program with nothing to do per call but move its tensors in and out: `run` then
+        # takes one short path (each step of the general one costs its own calls; measured in
+        # docs/benchmarks.md, "Call overhead of a tiny graph").
+        self.plain_host = (self._cpu and self._execute is not None and self._plain_outputs
+                            and not layout.uses_rng and not layout.checks)
 
     # Tests set this to copy resident inputs on the CPU too, as an accelerator's transfer does,
     # to check that resident copies follow in-place updates.
@@ -161,24 +173,56 @@ class Executable:
                 and reused while the tensor is unchanged (runtime/residency.py).
             dense_from: outputs from this position on keep the program's row-major layout.
         """
+        if self.plain_host and not resident:
+            arrays = transfer.host_arrays(args, self.layout.tensor_inputs, self.device)
+            if arrays is not None:  # every input a CPU tensor: the outputs are CPU tensors too
+                results = self.execute(arrays)
+                args.clear()
+                return [transfer.from_cpu_buffer(a) for a in results]
         if self._execute is None:
             raise NotRunnableHere(f"this executable was compiled for {self.device} without one attached")
-        layout, device = self.layout, self.device
-        like = args[layout.tensor_inputs[0]].device if layout.tensor_inputs else None  # outputs go there
+        inputs = self.layout.tensor_inputs
+        like = args[inputs[0]].device if inputs else None  # outputs go there
+        results = self.execute(self.input_arrays(args, resident, like))
+        args.clear()
+        if self.layout.checks:  # a host sync of one int32 (docs/DECISIONS.md 49)
+            checks.raise_if_failed(self.layout.checks, transfer.scalar(results.pop()))
+        return self.outputs(results, like, dense_from)
+
+    def input_arrays(self, args: list, resident: frozenset[int], like: torch.device | None) -> list:
+        """The program's parameters for `args`: one device array per tensor input, after the
+        PRNG key when the program draws random numbers."""
+        device, inputs = self.device, self.layout.tensor_inputs
         if resident and not transfer.holds_arrays(like):  # a tpu parameter's array is its own
             arrays = [residency.resident(args[i], device, self._put) if i in resident
-                      else transfer.to_device(args[i], device) for i in layout.tensor_inputs]
+                      else transfer.to_device(args[i], device) for i in inputs]
         else:
-            arrays = [transfer.to_device(args[i], device) for i in layout.tensor_inputs]
-        if layout.uses_rng:
+            arrays = [transfer.to_device(args[i], device) for i in inputs]
+        if self.layout.uses_rng:
             arrays.insert(0, jax.device_put(transfer.random_key(), device))
-        results = self._execute(arrays).disassemble_into_single_device_arrays()
-        args.clear()
-        if layout.checks:  # a host sync of one int32 (docs/DECISIONS.md 49)
-            checks.raise_if_failed(layout.checks, transfer.scalar(results[-1][0]))
-        if device.platform == "cpu" and (like is None or like.type == "cpu"):
-            return torch_outputs(layout, lambda i: transfer.from_cpu_buffer(results[i][0]), dense_from)
-        return torch_outputs(layout, lambda i: transfer.to_torch(results[i][0], like), dense_from)
+        return arrays
+
+    def execute(self, arrays: list) -> list:
+        """Runs the program on its parameters; returns its results as device arrays.
+
+        The first call splits PJRT's results into arrays generically and keeps one result handler
+        per result (its aval and sharding, which an executable's results never change); later
+        calls hand PJRT those handlers, which skips building a sharding object per result."""
+        results = self._execute(arrays)
+        if self._result_handlers is not None:
+            return results.consume_with_handlers(self._result_handlers)
+        out = [r[0] for r in results.disassemble_into_single_device_arrays()]
+        self._result_handlers = [_jax.array_result_handler(a.aval, a.sharding, committed=a.committed,
+                                                           _skip_checks=True) for a in out]
+        return out
+
+    def outputs(self, results: list, like: torch.device | None, dense_from: int | None = None) -> list:
+        """The graph's outputs as torch values, on the torch device `like` (the inputs')."""
+        if self._cpu and (like is None or like.type == "cpu"):
+            if self._plain_outputs:
+                return [transfer.from_cpu_buffer(a) for a in results]
+            return torch_outputs(self.layout, lambda i: transfer.from_cpu_buffer(results[i]), dense_from)
+        return torch_outputs(self.layout, lambda i: transfer.to_torch(results[i], like), dense_from)
 
     def run_arrays(self, arrays: list, rng_key=None) -> list:
         """Runs on device arrays already on this executable's device; returns the program's
@@ -194,7 +238,7 @@ class Executable:
         if self.layout.uses_rng:
             key = rng_key if rng_key is not None else jax.device_put(transfer.random_key(), self.device)
             arrays = [key, *arrays]
-        results = [r[0] for r in self._execute(arrays).disassemble_into_single_device_arrays()]
+        results = self.execute(arrays)
         if self.layout.checks:  # a host sync of one int32, as in `run`
             checks.raise_if_failed(self.layout.checks, transfer.scalar(results.pop()))
         return results

@@ -39,7 +39,8 @@ def holds_arrays(device: torch.device | None) -> bool:
 def _dense(t: torch.Tensor) -> torch.Tensor:
     """A tensor whose strides are exactly row-major: PJRT executables take the default layout,
     and DLPack would otherwise carry torch's free strides of size-1 dims through."""
-    if (not t.requires_grad and t.is_contiguous() and 1 not in t.shape and 0 not in t.shape
+    shape = t.shape
+    if (not t.requires_grad and t.is_contiguous() and 1 not in shape and 0 not in shape
             and not t.is_conj() and not t.is_neg()):
         return t  # the common case, checked cheaply
     if t.requires_grad:
@@ -55,8 +56,16 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _from_host_dlpack(t: torch.Tensor, device: jax.Device):
-    return _jax.dlpack_managed_tensor_to_buffer(torch._C._to_dlpack(t), device, None, None, _KDLCPU)
+def host_arrays(args: list, positions: list[int], device: jax.Device) -> list | None:
+    """`to_device(args[i], device)` for each position, for a CPU `device`, in one call; None when
+    one of those arguments is not a CPU tensor (to_device knows where the others go)."""
+    arrays = []
+    for i in positions:
+        t = args[i]
+        if not t.is_cpu:
+            return None
+        arrays.append(_jax.dlpack_managed_tensor_to_buffer(torch._C._to_dlpack(_dense(t)), device, None, None, _KDLCPU))
+    return arrays
 
 
 def zero_copy(device) -> bool:
@@ -66,8 +75,8 @@ def zero_copy(device) -> bool:
 
 def to_device(t: torch.Tensor, device: jax.Device):
     t = _dense(t)
-    if t.is_cpu and device.platform == "cpu":
-        return _from_host_dlpack(t, device)
+    if t.is_cpu and device.platform == "cpu":  # a view of the tensor's memory
+        return _jax.dlpack_managed_tensor_to_buffer(torch._C._to_dlpack(t), device, None, None, _KDLCPU)
     own = _DEVICE_TENSORS.get(t.device.type)
     if own is not None:
         return own[0](t, device)
