@@ -245,3 +245,31 @@ def device_passes(dtype_name: str = "float32") -> set[str]:
     """The cases that pass on the device: its sweep's cases less its table (kept exact the same way)."""
     failing = load_table().get(dtype_name, {})
     return {opinfo_sweep.case_name(o) for o in cases(dtype_name)} - set(failing)
+
+
+def chunk(n: int):
+    """The test and its module fixture for chunk file n (tests/test_device_opinfo_<n>.py), which
+    binds them to module-level names for pytest:
+
+        test_device_opinfo, regenerate_at_the_end = sweep.chunk(0)
+    """
+    import pytest
+
+    import opinfo_sweep
+
+    table, results = load_table(), {}
+    params = [pytest.param(o, dtype, id=f"{dtype}-{opinfo_sweep.case_name(o)}")
+              for dtype in DTYPES for o in cases(dtype, chunk=n)]
+
+    @pytest.fixture(scope="module", autouse=True)
+    def regenerate_at_the_end():
+        with memory_cache_only():
+            yield
+        if opinfo_sweep.regenerating() and results:
+            write_results(results)
+
+    @pytest.mark.parametrize("opinfo,dtype", params)
+    def test_device_opinfo(opinfo, dtype):
+        check(opinfo, dtype, table, results)
+
+    return test_device_opinfo, regenerate_at_the_end

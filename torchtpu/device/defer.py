@@ -36,7 +36,6 @@ from torchtpu.compiler import checks, registry
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.compiler.errors import LoweringError
 from torchtpu.device import module, strict, transfer
-from torchtpu.device.call import describe
 from torchtpu.device.graph import HostOnly, scalar_markers
 from torchtpu.device.storage import Pending
 
@@ -130,9 +129,7 @@ class Defer:
 
     def run(self, op, args, kwargs):
         base, hit = strict._strict, False
-        call = describe(op, args, kwargs)
-        if call.key in base._baked:
-            call = describe(op, args, kwargs, lift=False)
+        call = base.describe(op, args, kwargs)
         entry = self._entries.get(call.key)
         if entry is None:
             if call.key in base._host:

@@ -53,10 +53,13 @@ class Strict:
         self._host: set = set()  # keys of ops that run on the host (graph.HostOnly)
         self._lock = threading.Lock()
 
-    def run(self, op, args, kwargs):
+    def describe(self, op, args, kwargs):
+        """The call's description, with its numbers as constants where a trace found them needed."""
         call = describe(op, args, kwargs)
-        if call.key in self._baked:
-            call = describe(op, args, kwargs, lift=False)
+        return describe(op, args, kwargs, lift=False) if call.key in self._baked else call
+
+    def run(self, op, args, kwargs):
+        call = self.describe(op, args, kwargs)
         program = self._programs.get(call.key)
         if program is None:
             if call.key in self._host:
