@@ -1,6 +1,9 @@
 """Test helpers shared by every test module (one copy, imported everywhere)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import torch
 import torch._dynamo
 from torch.utils import _pytree as pytree
@@ -50,3 +53,11 @@ def host_triple(x: torch.Tensor) -> torch.Tensor:
 @host_triple.register_fake
 def _(x):
     return torch.empty_like(x)
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 300) -> str:
+    """The stdout of `python -c code` in a fresh process; fails the test with the process's
+    stderr when it exits with an error."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout

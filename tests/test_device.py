@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import copy
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+import helpers
 import torchtpu
 import torchtpu.device
 from torchtpu.device import module as tpu_module
@@ -53,9 +52,7 @@ def test_import_loads_jax_only_when_a_tensor_is_made():
         "assert 'jax' in sys.modules\n"
         "print(x.sum().item())\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "3.0"
+    assert helpers.run_python(script).strip() == "3.0"
 
 
 def test_registration_is_idempotent_and_torch_knows_the_device():
@@ -586,9 +583,7 @@ def test_trainer_stays_on_the_cpu_without_a_tpu():
               "from transformers import TrainingArguments\n"
               "print(TrainingArguments(output_dir='unused', report_to=[]).device)\n")
     env = dict(os.environ, TORCHTPU_DEVICE_AVAILABLE="1")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "tpu:0"
+    assert helpers.run_python(script, env).strip().splitlines()[-1] == "tpu:0"
 
 
 def test_compiled_graphs_take_and_return_device_arrays():
@@ -623,10 +618,7 @@ def test_programs_with_lapack_calls_load_from_a_warm_disk_cache(tmp_path):
               "x = torch.tensor([[1.5, 0.2], [0.1, 2.0]])\n"
               "print(torch.logdet(x.to('tpu')).item(), torchtpu.stats().get('disk_hits', 0))\n")
     env = dict(os.environ, TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
-            for _ in range(2)]
-    for run in runs:
-        assert run.returncode == 0, run.stderr[-2000:]
-    (value, cold_hits), (again, warm_hits) = (map(float, r.stdout.split()) for r in runs)
+    runs = [helpers.run_python(script, env) for _ in range(2)]
+    (value, cold_hits), (again, warm_hits) = (map(float, r.split()) for r in runs)
     assert value == again == pytest.approx(torch.logdet(torch.tensor([[1.5, 0.2], [0.1, 2.0]])).item())
     assert cold_hits == 0 and warm_hits >= 1

@@ -6,12 +6,11 @@ from __future__ import annotations
 import copy
 import io
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+import helpers
 import test_device as strict_tests
 import torchtpu
 import torchtpu.device
@@ -82,9 +81,7 @@ def test_mode_scopes_and_the_environment_default():
               "print(torchtpu.eager.mode())\n")
     for value, expected in (("defer", "defer"), ("", "strict")):
         env = dict(os.environ, TORCHTPU_EAGER_MODE=value)
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert out.stdout.strip() == expected
+        assert helpers.run_python(script, env).strip() == expected
 
 
 def test_ops_wait_for_a_read_then_run_as_one_program():
@@ -202,11 +199,8 @@ def test_a_known_sequence_reuses_its_program_across_processes(tmp_path):
               "    x = torch.arange(6.0, device='tpu')\n"
               "    print((x * 2 + 1).sum().item(), torchtpu.stats()['xla_compiles'])\n")
     env = dict(os.environ, TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
-            for _ in range(2)]
-    for run in runs:
-        assert run.returncode == 0, run.stderr[-2000:]
-    (value, cold), (again, warm) = (map(float, r.stdout.split()) for r in runs)
+    runs = [helpers.run_python(script, env) for _ in range(2)]
+    (value, cold), (again, warm) = (map(float, r.split()) for r in runs)
     assert value == again == 36.0 and cold >= 1 and warm == 0
 
 

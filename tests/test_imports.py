@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import ast
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+import helpers
 
 ROOT = Path(__file__).resolve().parent.parent / "torchtpu"
 
@@ -77,9 +77,7 @@ def test_the_cycle_finder_finds_a_circle():
 def test_importing_torchtpu_loads_neither_jax_nor_the_compiler():
     code = ("import sys, torchtpu; bad = [m for m in ('jax', 'torchtpu.compiler.driver', 'torchtpu.cache.tiers') "
             "if m in sys.modules]; print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
+    assert helpers.run_python(code).strip() == "[]"
 
 
 def test_loading_a_cached_cpu_executable_imports_no_pallas_and_no_passes():
@@ -87,9 +85,7 @@ def test_loading_a_cached_cpu_executable_imports_no_pallas_and_no_passes():
     # precompiled start must not pay for Pallas or the compiler's passes there
     code = ("import sys, torchtpu.kernels.aten_cpu; bad = [m for m in sys.modules if 'pallas' in m "
             "or m.startswith('torchtpu.passes')]; print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
+    assert helpers.run_python(code).strip() == "[]"
 
 
 # What every `import torch` runs where torchtpu is installed (the torch.backends entry point).
@@ -114,6 +110,4 @@ def test_the_entry_point_loads_neither_jax_nor_the_compiler():
             "assert torch._C._get_privateuse1_backend_name() == 'tpu'; "
             f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))")
     env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")  # the call made here, not by torch
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
+    assert helpers.run_python(code, env).strip() == "[]"
