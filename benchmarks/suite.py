@@ -37,6 +37,7 @@ QUICK = {"models": "hf_llama", "reps": 5, "shapes": {"hf_llama": (2, 32)}}
 OPTIONAL_BACKENDS = {"torchax": "torchax"}  # column name -> the module it needs
 PRECOMPILED_WORKLOADS = ("infer", "train")  # the workloads with a "precompiled" phase (backend tpu)
 DTYPES = ("float32", "bfloat16")
+PHASES = ("cold", "warm", "precompiled")
 FAMILY = {"hf_llama": "decoder, dense", "hf_bert": "encoder", "cnn": "CNN, grouped and depthwise",
           **{name: family for name, (_, family) in FAMILIES.items()}}
 
@@ -46,7 +47,8 @@ def model_rows(models: list[str], dtypes: list[str]) -> list[str]:
     return [m + ("" if dtype == "float32" else BF16) for dtype in dtypes for m in models]
 
 
-def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quick: bool) -> list[dict]:
+def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quick: bool,
+         phases=PHASES) -> list[dict]:
     """The cells to run, in order: each is the JSON spec one child process gets.
 
     A compiled cell runs twice with the same cache folders: "cold" (empty caches) then "warm"
@@ -59,6 +61,8 @@ def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quic
         reps, warmup: steady-state samples and untimed calls (the tiny graph takes more).
         shapes: model -> (batch, size).
         quick: a smoke run (the tiny graph keeps `reps` instead of its default 2000).
+        phases: the phases to run, from PHASES ("cold" alone: steady state, first call from empty
+            caches and peak RSS, one process per cell).
     Returns:
         A list of spec dicts with "phase" and "tag" (the cache folders' name).
     """
@@ -73,10 +77,10 @@ def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quic
                 if model in shapes:
                     spec["batch"], spec["size"] = shapes[model]
                 tag = f"{workload}-{model}-{backend}"
-                phases = ("cold", "warm") if backend != "eager" and workload != "decode" else ("cold",)
+                kinds = ("cold", "warm") if backend != "eager" and workload != "decode" else ("cold",)
                 if backend == "tpu" and workload in PRECOMPILED_WORKLOADS:
-                    phases += ("precompiled",)
-                specs += [{**spec, "phase": phase, "tag": tag} for phase in phases]
+                    kinds += ("precompiled",)
+                specs += [{**spec, "phase": phase, "tag": tag} for phase in kinds if phase in phases]
     return specs
 
 
@@ -159,6 +163,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {WORKLOADS}")
     p.add_argument("--dtypes", default=",".join(DTYPES),
                    help="comma-separated, from float32,bfloat16: each model runs in each (bfloat16 rows read MODEL-bf16)")
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help="comma-separated, from cold,warm,precompiled; cold alone measures steady state, first "
+                        "call and RSS in one process per cell (warm needs cold before it)")
     p.add_argument("--reps", type=int, default=None,
                    help=f"steady-state samples per cell (default 30, {QUICK['reps']} with --quick)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before the samples")
@@ -198,15 +205,18 @@ def main(argv=None) -> dict:
     models = args.models.split(",")
     workloads = args.workloads.split(",")
     dtypes = args.dtypes.split(",")
+    phases = args.phases.split(",")
     for kind, names, known in (("models", models, MODELS), ("workloads", workloads, WORKLOADS),
-                               ("dtypes", dtypes, DTYPES)):
+                               ("dtypes", dtypes, DTYPES), ("phases", phases, PHASES)):
         if set(names) - set(known):
             raise SystemExit(f"unknown {kind} {sorted(set(names) - set(known))}: choose from {known}")
     models = model_rows(models, dtypes)
     backends, dropped = backends_available(args.backends.split(","))
     shapes = {**SHAPES, **(QUICK["shapes"] if args.quick else {})}
     shapes.update({m + BF16: shape for m, shape in shapes.items()})
-    specs = plan(models, backends, workloads, args.reps, args.warmup, shapes, args.quick)
+    if "warm" in phases and "cold" not in phases:
+        raise SystemExit("--phases: warm needs cold (the warm process reads the caches the cold one filled)")
+    specs = plan(models, backends, workloads, args.reps, args.warmup, shapes, args.quick, phases)
     load_before = report.load_average()
     with tempfile.TemporaryDirectory(prefix="torchtpu-suite-") as cache_root:
         rows = run_cells(specs, cache_root, args.timeout, args.threads)

@@ -84,6 +84,15 @@ def test_plan_runs_compiled_cells_cold_then_warm_in_one_cache():
     assert (specs[0]["batch"], specs[0]["size"]) == suite.SHAPES["cnn"]
 
 
+def test_plan_keeps_only_the_phases_asked_for():
+    specs = suite.plan(["cnn", "hf_vit"], ["eager", "tpu"], ["infer", "train"], reps=30, warmup=3, shapes={},
+                       quick=False, phases=("cold",))
+    assert [(s["workload"], s["model"], s["backend"], s["phase"]) for s in specs] == [
+        (w, m, b, "cold") for w in ("infer", "train") for m in ("cnn", "hf_vit") for b in ("eager", "tpu")]
+    with pytest.raises(SystemExit, match="warm needs cold"):
+        suite.main(["--phases", "warm", "--models", "cnn", "--out", "/nonexistent/x.json"])
+
+
 def test_decode_cell_without_and_with_generate_bench(monkeypatch):
     monkeypatch.setattr(decode_cell, "MODULE", "benchmarks.no_such_generate_bench")
     assert "does not exist" in decode_cell.decode_step("tpu")["na"]
