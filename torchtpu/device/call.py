@@ -105,7 +105,6 @@ def _schema(op: torch._ops.OpOverload) -> Schema:
     return Schema(args, tuple(aliases), view, tensor_returns)
 
 
-@dataclasses.dataclass
 class OpCall:
     """Attributes:
         op: the overload.
@@ -119,12 +118,14 @@ class OpCall:
         key: what the program depends on.
     """
 
-    op: torch._ops.OpOverload
-    values: list
-    template: tuple
-    storages: list
-    scalars: list
-    key: tuple
+    __slots__ = ("op", "values", "template", "storages", "scalars", "key")
+
+    def __init__(self, op, values: list, template: tuple, storages: list, scalars: list, key: tuple):
+        self.op, self.values, self.template, self.storages, self.scalars, self.key = (
+            op, values, template, storages, scalars, key)
+
+    def with_template(self, template: tuple) -> "OpCall":
+        return OpCall(self.op, self.values, template, self.storages, self.scalars, self.key)
 
 
 class MixedDevices(RuntimeError):
@@ -134,18 +135,46 @@ class MixedDevices(RuntimeError):
 def describe(op, args, kwargs, lift: bool = True) -> OpCall:
     """The OpCall of `op(*args, **kwargs)`. `lift=False` keeps every Python number a constant
     (for a program whose lowering needs the value itself)."""
-    schema = schema_of(op)
-    values = [args[i] if i < len(args) else kwargs.get(a.name, a.default) for i, a in enumerate(schema.args)]
+    schema = _SCHEMAS.get(id(op)) or schema_of(op)
+    specs = schema.args
+    n = len(args)
+    if kwargs:
+        values = [args[i] if i < n else kwargs.get(a.name, a.default) for i, a in enumerate(specs)]
+    else:
+        values = list(args)
+        if n < len(specs):
+            values += [a.default for a in specs[n:]]
     state = _State(lift)
-    encode = state.encode
-    template = tuple([encode(v, a) for v, a in zip(values, schema.args)])
+    template = []
+    for v, a in zip(values, specs):
+        if isinstance(v, torch.Tensor):  # inline: most arguments are tpu tensors
+            s = getattr(v.untyped_storage(), "_tpu", None)
+            if s is None or v.dtype != s.dtype:
+                template.append(state.tensor(v, a))
+                continue
+            i = state.index.get(id(s))
+            if i is None:
+                i = state.index[id(s)] = len(state.storages)
+                state.storages.append(s)
+            dtype = v.dtype
+            if dtype is _F64:
+                state.f64 = True
+            template.append((TENSOR, i, dtype, v.shape, v.stride(), v.storage_offset()))
+        else:
+            template.append(state.encode(v, a))
+    template = tuple(template)
     if state.f64:  # a float64 computation takes its runtime floats at full precision
         template = _widen(template)
     key = (id(op), tuple([(s.shape, s.dtype) for s in state.storages]), template, torch.get_default_dtype())
     return OpCall(op, values, template, state.storages, state.scalars, key)
 
 
+_F64 = torch.float64
+
+
 class _State:
+    __slots__ = ("lift", "storages", "index", "scalars", "f64")
+
     def __init__(self, lift: bool):
         self.lift = lift
         self.storages: list = []

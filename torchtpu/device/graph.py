@@ -129,7 +129,7 @@ def op_graph(call: OpCall) -> tuple[torch.fx.GraphModule, list, Plan]:
         bases = [torch.empty(shape, dtype=dtype) for shape, dtype in call.key[1]]
         scalars = [torch.empty((), dtype=m[2]) for m in scalar_markers(call.template)]
     if _rejects_numbers(call, bases, scalars, fake_mode):
-        call = dataclasses.replace(call, template=_numbers_as_tensors(call))
+        call = call.with_template(_numbers_as_tensors(call))
     numbers = [m for m in scalar_markers(call.template) if m[3] == "number"]
     try:
         resized = _resized_outs(call, bases, scalars, fake_mode)

@@ -21,13 +21,25 @@ import torch
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)  # torch's metadata-only view kernels
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_set_storage_cpu = _set_storage._handle.redispatch_boxed  # OpOverload.redispatch without its Python frame
+_from_pointer = torch._C._construct_storage_from_data_pointer
+_create_empty = torch._C._acc.create_empty_tensor
 _ALIGN = 64
-_lock = threading.RLock()  # __del__ may run inside a locked section
+# Plain Lock: the locked sections drop no references and allocate no containers, so no __del__
+# (nor a collection) can run inside one on the thread that holds it.
+_lock = threading.Lock()
 _memory = {"allocated": 0, "peak": 0, "next_address": 1 << 48}  # addresses are never reused
+_device: list = []  # the torch.device of tpu:0, made once (the backend's name is set once)
 
 
 def device_name() -> str:
     return torch._C._get_privateuse1_backend_name()
+
+
+def torch_device() -> torch.device:
+    if not _device:
+        _device.append(torch.device(device_name(), 0))
+    return _device[0]
 
 
 class DeviceStorage:
@@ -48,16 +60,19 @@ class DeviceStorage:
         self.shape = (numel,) if array is None else tuple(array.shape)
         self.numel = numel
         self.dtype = dtype
-        self.nbytes = numel * dtype.itemsize
+        self.nbytes = nbytes = numel * dtype.itemsize
+        memory = _memory
         with _lock:
-            self.address = _memory["next_address"]
-            _memory["next_address"] += (self.nbytes // _ALIGN + 1) * _ALIGN
-            _memory["allocated"] += self.nbytes
-            _memory["peak"] = max(_memory["peak"], _memory["allocated"])
+            self.address = address = memory["next_address"]
+            memory["next_address"] = address + (nbytes // _ALIGN + 1) * _ALIGN
+            allocated = memory["allocated"] = memory["allocated"] + nbytes
+            if allocated > memory["peak"]:
+                memory["peak"] = allocated
 
     def __del__(self):
+        memory = _memory
         with _lock:
-            _memory["allocated"] -= self.nbytes
+            memory["allocated"] -= self.nbytes
 
     def value(self, reason: str = "read"):
         """The current array, or None while nothing was written. Every read of a storage's
@@ -145,26 +160,32 @@ def storage_numel(size, stride) -> int:
 
 
 def contiguous_stride(size) -> list[int]:
-    stride, acc = [], 1
-    for n in reversed(size):
-        stride.append(acc)
-        acc *= max(int(n), 1)
-    return stride[::-1]
+    n = len(size)
+    if n <= 1:
+        return [1] * n
+    stride, acc = [1] * n, 1
+    for i in range(n - 1, 0, -1):
+        d = int(size[i])
+        acc *= d if d > 1 else 1
+        stride[i - 1] = acc
+    return stride
 
 
 def torch_storage(storage: DeviceStorage) -> torch.UntypedStorage:
     """A torch storage for `storage` (one per DeviceStorage: views share it through torch)."""
-    untyped = torch._C._construct_storage_from_data_pointer(
-        storage.address, torch.device(device_name(), 0), storage.nbytes)
+    untyped = _from_pointer(storage.address, _device[0] if _device else torch_device(), storage.nbytes)
     untyped._tpu = storage
     return untyped
 
 
 def wrap(storage: DeviceStorage, size, stride=None, offset: int = 0, dtype=None) -> torch.Tensor:
     """A new tpu tensor over `storage` with torch's size/stride/offset (sequences of ints)."""
-    stride = contiguous_stride(size) if stride is None else stride
-    t = torch._C._acc.create_empty_tensor(size, dtype or storage.dtype)
-    _set_storage.redispatch(_CPU, t, torch_storage(storage), offset, size, stride)
+    if stride is None:
+        stride = contiguous_stride(size)
+    t = _create_empty(size, dtype or storage.dtype)
+    untyped = _from_pointer(storage.address, _device[0] if _device else torch_device(), storage.nbytes)
+    untyped._tpu = storage
+    _set_storage_cpu(_CPU, t, untyped, offset, size, stride)
     return t
 
 
@@ -172,7 +193,7 @@ def point(t: torch.Tensor, storage: DeviceStorage, size, stride=None, offset: in
     """Makes `t` a view of `storage` (an out= tensor torch asked us to resize and fill)."""
     size = [int(s) for s in size]
     stride = contiguous_stride(size) if stride is None else [int(s) for s in stride]
-    _set_storage.redispatch(_CPU, t, torch_storage(storage), offset, size, stride)
+    _set_storage_cpu(_CPU, t, torch_storage(storage), offset, size, stride)
     return t
 
 
@@ -201,15 +222,17 @@ def set_storage(t: torch.Tensor, untyped: torch.UntypedStorage, offset: int, siz
     """aten::set_ with a storage: checks it is ours, then torch's own metadata update."""
     if getattr(untyped, "_tpu", None) is None:
         raise RuntimeError(f"set_: the storage is on {untyped.device}, not a {device_name()} storage of torchtpu")
-    return _set_storage.redispatch(_CPU, t, untyped, offset, list(size), list(stride))
+    return _set_storage_cpu(_CPU, t, untyped, offset, list(size), list(stride))
 
 
 def metadata_view(op):
     """A view op's kernel: torch's CPU kernel, which only computes size/stride/offset over the
     same storage (no data is touched)."""
 
+    redispatch = op._handle.redispatch_boxed
+
     def kernel(*args, **kwargs):
-        return op.redispatch(_CPU, *args, **kwargs)
+        return redispatch(_CPU, *args, **kwargs)
 
     kernel.__name__ = f"view[{op}]"
     return kernel

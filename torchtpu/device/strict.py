@@ -56,7 +56,8 @@ class Strict:
     def describe(self, op, args, kwargs):
         """The call's description, with its numbers as constants where a trace found them needed."""
         call = describe(op, args, kwargs)
-        return describe(op, args, kwargs, lift=False) if call.key in self._baked else call
+        baked = self._baked
+        return describe(op, args, kwargs, lift=False) if baked and call.key in baked else call
 
     def run(self, op, args, kwargs):
         call = self.describe(op, args, kwargs)
@@ -115,9 +116,12 @@ class Strict:
 
 
 def _apply(call: OpCall, program: Program, results: list):
-    for storage_index, r in program.plan.mutated:
+    plan = program.plan
+    for storage_index, r in plan.mutated:
         call.storages[storage_index].set(results[r])
-    returns = [_value(entry, call, results) for entry in program.plan.returns]
+    if len(plan.returns) == 1:
+        return _value(plan.returns[0], call, results)
+    returns = [_value(entry, call, results) for entry in plan.returns]
     if not returns:
         return None
     return returns[0] if len(returns) == 1 else tuple(returns)
