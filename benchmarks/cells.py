@@ -12,6 +12,9 @@ Workloads:
               optimizer step eager and identical for every backend)
     overhead  the tiny graph `x * 2 + 1` on 16 floats: per-call cost of the compiled path
     decode    one decode step of greedy generate with a static KV cache (benchmarks/generate_bench.py)
+    floor     nothing built: the resident set of the backend's runtime alone (torch imported; for
+              tpu also torchtpu, JAX and the PJRT client; for inductor its compiler imported),
+              which the suite subtracts from the other cells' peaks
 
 A cell with "precompiled": PATH (backend tpu, infer or train) loads the artifact at PATH with
 torchtpu.precompile.load instead of calling torch.compile; "precompile_to": PATH instead saves
@@ -228,7 +231,19 @@ def _cache_counts(backend: str) -> dict:
     return {}
 
 
-WORKLOADS = {"infer": infer, "train": train, "overhead": overhead, "decode": decode}
+def floor(spec: dict) -> dict:
+    """The runtime floor: the process with the backend's runtime up and no model (peak_rss_mb)."""
+    if spec["backend"] == "tpu":
+        import torchtpu  # noqa: F401
+        from torchtpu.runtime import platform
+
+        platform.device()  # the PJRT client
+    elif spec["backend"] == "inductor":
+        import torch._inductor.compile_fx  # noqa: F401
+    return {}
+
+
+WORKLOADS = {"infer": infer, "train": train, "overhead": overhead, "decode": decode, "floor": floor}
 
 
 def measure(spec: dict) -> dict:
@@ -250,8 +265,21 @@ def measure(spec: dict) -> dict:
     result.update(_cache_counts(spec["backend"]))
     if "_loaded" in spec:  # whether the artifact was used (else the cell compiled: not a precompiled start)
         result["precompiled_loaded"] = spec.pop("_loaded")
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
-    return {**spec, **result, "peak_rss_mb": peak_kb / 1024}
+    return {**spec, **result, "peak_rss_mb": peak_rss_kb() / 1024}
+
+
+def peak_rss_kb() -> int:
+    """This process's peak resident set in kilobytes: VmHWM, the high-water mark of its own
+    memory map. Not getrusage's ru_maxrss: Linux carries that across exec, so a child of a large
+    parent (a pytest worker) reports the parent's peak when its own is smaller."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ METRICS = (
     ("first train step, tpu precompiled (s)", "train", "precompiled", "first_call_s"),
     ("peak RSS, infer (MB)", "infer", "cold", "peak_rss_mb"),
     ("peak RSS, train (MB)", "train", "cold", "peak_rss_mb"),
+    ("runtime floor RSS (MB)", "floor", "cold", "peak_rss_mb"),
+    ("peak RSS beyond the floor, infer (MB)", "infer", "cold", "rss_beyond_floor_mb"),
+    ("peak RSS beyond the floor, train (MB)", "train", "cold", "rss_beyond_floor_mb"),
     ("tiny graph call (us)", "overhead", "cold", "median_us"),
     ("decode step (ms)", "decode", "cold", "median_ms"),
     ("first generate (s)", "decode", "cold", "first_call_s"),
@@ -48,6 +51,7 @@ def sections(rows: list[dict], backends: list[str]) -> list[dict]:
           "missing": {backend: "n/a"|"error"}}], "geomeans": {name: g|None}}]; a section with
         no cells at all (a workload not run) is left out.
     """
+    rows = beyond_floor(rows)
     index = {(r["workload"], r["model"], r["backend"], r["phase"]): r for r in rows}
     out = []
     for label, workload, phase, key in METRICS:
@@ -69,6 +73,16 @@ def sections(rows: list[dict], backends: list[str]) -> list[dict]:
                    for name, _, _ in RATIOS}
             out.append({"metric": label, "rows": table_rows, "geomeans": geo})
     return out
+
+
+def beyond_floor(rows: list[dict]) -> list[dict]:
+    """The cells, each with rss_beyond_floor_mb where its backend's runtime floor was measured:
+    its peak minus the resident set of that backend's runtime alone (the "floor" cells), so a
+    runtime's fixed cost (JAX and PJRT for tpu) and what running the model adds read apart."""
+    floors = {r["backend"]: r["peak_rss_mb"] for r in rows if r["workload"] == "floor" and "peak_rss_mb" in r}
+    return [{**r, "rss_beyond_floor_mb": r["peak_rss_mb"] - floors[r["backend"]]}
+            if r["workload"] in ("infer", "train") and "peak_rss_mb" in r and r["backend"] in floors else r
+            for r in rows]
 
 
 def _cell(index: dict, workload: str, model: str, backend: str, phase: str) -> dict:
@@ -227,20 +241,20 @@ def chart(doc: dict, path: Path) -> None:
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
 
-    secs = [s for s in doc["table"] if any(v for r in s["rows"] for v in r["values"].values())]
+    secs = [s for s in doc["table"] if any((v or 0) > 0 for r in s["rows"] for v in r["values"].values())]
     cols = min(4, max(1, len(secs)))
     rows = math.ceil(len(secs) / cols) or 1
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
     width = 0.8 / max(1, len(doc["backends"]))
     for ax, sec in zip(axes.flat, secs):
         for j, backend in enumerate(doc["backends"]):
-            xs = [i + j * width for i, r in enumerate(sec["rows"]) if r["values"][backend]]
-            ys = [r["values"][backend] for r in sec["rows"] if r["values"][backend]]
+            xs = [i + j * width for i, r in enumerate(sec["rows"]) if (r["values"][backend] or 0) > 0]
+            ys = [r["values"][backend] for r in sec["rows"] if (r["values"][backend] or 0) > 0]
             ax.bar(xs, ys, width, label=backend)
         ax.set_xticks([i + width * (len(doc["backends"]) - 1) / 2 for i in range(len(sec["rows"]))])
         ax.set_xticklabels([r["model"] for r in sec["rows"]], fontsize=8)
         ax.set_yscale("log")
-        lowest = min(v for r in sec["rows"] for v in r["values"].values() if v)
+        lowest = min(v for r in sec["rows"] for v in r["values"].values() if (v or 0) > 0)
         ax.set_ylim(bottom=lowest / 2)  # a log axis otherwise cuts the smallest bar to a sliver
         ax.set_title(sec["metric"], fontsize=9)
     for ax in list(axes.flat)[len(secs):]:

@@ -30,7 +30,7 @@ from benchmarks.run import BF16, cache_env, run_fresh
 # encoder-decoder, a vision transformer, two CNNs, a diffusion transformer and a UNet
 MODELS = ("hf_llama", "hf_mistral", "hf_qwen2_moe", "hf_bert", "hf_t5", "hf_vit", "cnn", "hf_resnet", "dit", "unet")
 BACKENDS = ("eager", "inductor", "tpu")
-WORKLOADS = ("infer", "train", "overhead", "decode")
+WORKLOADS = ("infer", "train", "overhead", "decode", "floor")
 # batch, size (sequence length, or image side for the CNN): the shapes the suite reports on
 SHAPES = {"hf_llama": (8, 128), "hf_bert": (8, 128), "cnn": (32, 64)}
 QUICK = {"models": "hf_llama", "reps": 5, "shapes": {"hf_llama": (2, 32)}}
@@ -69,7 +69,8 @@ def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quic
     specs = []
     for workload in workloads:
         # the tiny graph and generate_bench's own decoder are one row each, whatever --models says
-        names = models if workload in ("infer", "train") else ["tiny" if workload == "overhead" else "generate"]
+        names = models if workload in ("infer", "train") else [
+            {"overhead": "tiny", "decode": "generate", "floor": "runtime"}[workload]]
         for model in names:
             for backend in backends:
                 spec = {"workload": workload, "model": model, "backend": backend, "reps": reps,
@@ -77,7 +78,7 @@ def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quic
                 if model in shapes:
                     spec["batch"], spec["size"] = shapes[model]
                 tag = f"{workload}-{model}-{backend}"
-                kinds = ("cold", "warm") if backend != "eager" and workload != "decode" else ("cold",)
+                kinds = ("cold", "warm") if backend != "eager" and workload not in ("decode", "floor") else ("cold",)
                 if backend == "tpu" and workload in PRECOMPILED_WORKLOADS:
                     kinds += ("precompiled",)
                 specs += [{**spec, "phase": phase, "tag": tag} for phase in kinds if phase in phases]
@@ -138,6 +139,8 @@ def _decode_missing() -> str | None:
 def _brief(row: dict) -> str:
     if "error" in row or "na" in row:
         return f"{'error' if 'error' in row else 'n/a'}: {row.get('error') or row.get('na')}"
+    if row["workload"] == "floor":
+        return f"rss {row['peak_rss_mb']:.0f} MB"
     value = row.get("median_ms", row.get("median_us"))
     unit = "ms" if "median_ms" in row else "us"
     return f"first {row['first_call_s']:.2f} s, median {value:.3f} {unit}, rss {row['peak_rss_mb']:.0f} MB"

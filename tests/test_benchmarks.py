@@ -18,16 +18,17 @@ from benchmarks import decode_cell, report, suite
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """One small suite run: the tiny graph with eager and tpu (three fresh processes)."""
+    """One small suite run: the tiny graph with eager and tpu (three fresh processes), and the
+    two runtimes' floors (two more)."""
     out = tmp_path_factory.mktemp("suite") / "suite.json"
-    suite.main(["--workloads", "overhead", "--backends", "eager,tpu", "--reps", "20", "--warmup", "1",
+    suite.main(["--workloads", "overhead,floor", "--backends", "eager,tpu", "--reps", "20", "--warmup", "1",
                 "--quick", "--out", str(out)])
     return out
 
 
 def test_tiny_graph_cells_measure_and_match_eager(tiny_run):
     doc = json.loads(tiny_run.read_text())
-    cells = {(c["backend"], c["phase"]): c for c in doc["cells"]}
+    cells = {(c["backend"], c["phase"]): c for c in doc["cells"] if c["workload"] == "overhead"}
     assert sorted(cells) == [("eager", "cold"), ("tpu", "cold"), ("tpu", "warm")]
     for cell in cells.values():
         assert "error" not in cell, cell
@@ -44,13 +45,31 @@ def test_table_ratios_come_from_the_cells(tiny_run):
     doc = json.loads(tiny_run.read_text())
     (section,) = [s for s in doc["table"] if s["metric"] == "tiny graph call (us)"]
     (row,) = section["rows"]
-    tpu = next(c for c in doc["cells"] if c["backend"] == "tpu" and c["phase"] == "cold")
-    eager = next(c for c in doc["cells"] if c["backend"] == "eager")
+    tpu = next(c for c in doc["cells"] if c["backend"] == "tpu" and c["phase"] == "cold" and c["workload"] == "overhead")
+    eager = next(c for c in doc["cells"] if c["backend"] == "eager" and c["workload"] == "overhead")
     assert row["values"] == {"eager": eager["median_us"], "tpu": tpu["median_us"]}
     assert row["ratios"]["tpu/eager"] == pytest.approx(tpu["median_us"] / eager["median_us"])
     assert row["ratios"]["tpu/inductor"] is None  # no inductor column in this run
     assert doc["machine"]["cores"] >= 1 and doc["date"]
     assert "tpu/eager" in report.format_table(doc)
+
+
+def test_runtime_floors_are_measured_and_subtracted(tiny_run):
+    doc = json.loads(tiny_run.read_text())
+    floors = {c["backend"]: c for c in doc["cells"] if c["workload"] == "floor"}
+    assert sorted(floors) == ["eager", "tpu"] and all("error" not in c for c in floors.values())
+    # the tpu runtime holds JAX and a PJRT client on top of torch
+    assert floors["tpu"]["peak_rss_mb"] > floors["eager"]["peak_rss_mb"] > 50
+    (section,) = [s for s in doc["table"] if s["metric"] == "runtime floor RSS (MB)"]
+    assert section["rows"][0]["values"]["tpu"] == floors["tpu"]["peak_rss_mb"]
+    rows = [{"workload": "floor", "model": "runtime", "backend": b, "phase": "cold", "peak_rss_mb": mb}
+            for b, mb in (("eager", 300.0), ("tpu", 500.0))]
+    rows += [{"workload": "infer", "model": "m", "backend": b, "phase": "cold", "peak_rss_mb": mb}
+             for b, mb in (("eager", 400.0), ("tpu", 650.0))]
+    (beyond,) = [s for s in report.sections(rows, ["eager", "tpu"])
+                 if s["metric"] == "peak RSS beyond the floor, infer (MB)"]
+    assert beyond["rows"][0]["values"] == {"eager": 100.0, "tpu": 150.0}
+    assert beyond["rows"][0]["ratios"]["tpu/eager"] == pytest.approx(1.5)
 
 
 def test_png_is_written_and_readable(tiny_run):
