@@ -205,3 +205,14 @@ def test_the_suite_covers_eight_families_in_both_dtypes():
     assert suite.model_rows(args.models.split(","), args.dtypes.split(",")) == ["cnn", "dit", "cnn-bf16", "dit-bf16"]
     specs = suite.plan(["cnn-bf16"], ["tpu"], ["infer"], reps=3, warmup=1, shapes={}, quick=False)
     assert {s["model"] for s in specs} == {"cnn-bf16"} and len({s["tag"] for s in specs}) == 1
+
+
+def test_device_ops_benchmark_times_every_case_in_every_column():
+    from benchmarks import device_ops
+
+    results = device_ops.measure(["strict", "defer"], calls=20, rounds=2)
+    assert sorted(results) == sorted(["add", "add_ready", "add_", "mul_number", "sum_item"])
+    for columns in results.values():
+        assert sorted(columns) == ["cpu", "defer", "strict"]
+        assert all(0 < c["best_us"] <= c["median_us"] for c in columns.values())
+    assert "add_ready" in device_ops.table(results)
