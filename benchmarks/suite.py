@@ -2,7 +2,7 @@
 
     python -m benchmarks.suite [--quick] [--out benchmarks/results/suite.json]     (or: make bench)
 
-For each model (HF Llama decoder, HF BERT encoder, a CNN) and backend it measures inference
+For each model (ten families: MODELS below, benchmarks/families.py) and backend it measures inference
 latency (median of >= 30 calls after warm-up), a training step (forward + backward + AdamW),
 the first call in a fresh process with empty caches (cold), again with the caches a
 previous process left (warm) and, for tpu, from a precompiled artifact (torchtpu.precompile:
