@@ -145,24 +145,8 @@ def describe(op, args, kwargs, lift: bool = True) -> OpCall:
         if n < len(specs):
             values += [a.default for a in specs[n:]]
     state = _State(lift)
-    template = []
-    for v, a in zip(values, specs):
-        if isinstance(v, torch.Tensor):  # inline: most arguments are tpu tensors
-            s = getattr(v.untyped_storage(), "_tpu", None)
-            if s is None or v.dtype != s.dtype:
-                template.append(state.tensor(v, a))
-                continue
-            i = state.index.get(id(s))
-            if i is None:
-                i = state.index[id(s)] = len(state.storages)
-                state.storages.append(s)
-            dtype = v.dtype
-            if dtype is _F64:
-                state.f64 = True
-            template.append((TENSOR, i, dtype, v.shape, v.stride(), v.storage_offset()))
-        else:
-            template.append(state.encode(v, a))
-    template = tuple(template)
+    tensor, encode = state.tensor, state.encode  # most arguments are tensors: straight to their marker
+    template = tuple([tensor(v, a) if isinstance(v, torch.Tensor) else encode(v, a) for v, a in zip(values, specs)])
     if state.f64:  # a float64 computation takes its runtime floats at full precision
         template = _widen(template)
     key = (id(op), tuple([(s.shape, s.dtype) for s in state.storages]), template, torch.get_default_dtype())
@@ -216,15 +200,16 @@ class _State:
             else:
                 raise MixedDevices(f"Expected all tensors to be on the same device, but found at least two "
                                    f"devices, {storages.device_name()}:0 and {device}!")
-        if t.dtype != s.dtype:  # a view of another dtype: the storage's bytes, read as it
-            s.retype(t.dtype)
+        dtype = t.dtype
+        if dtype is not s.dtype:  # a view of another dtype: the storage's bytes, read as it
+            s.retype(dtype)
         i = self.index.get(id(s))
         if i is None:
             i = self.index[id(s)] = len(self.storages)
             self.storages.append(s)
-        if t.dtype == torch.float64:
+        if dtype is _F64:
             self.f64 = True
-        return (TENSOR, i, t.dtype, t.shape, t.stride(), t.storage_offset())
+        return (TENSOR, i, dtype, t.shape, t.stride(), t.storage_offset())
 
 
 def _widen(template):
