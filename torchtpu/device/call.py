@@ -135,8 +135,7 @@ class MixedDevices(RuntimeError):
 def describe(op, args, kwargs, lift: bool = True) -> OpCall:
     """The OpCall of `op(*args, **kwargs)`. `lift=False` keeps every Python number a constant
     (for a program whose lowering needs the value itself)."""
-    schema = _SCHEMAS.get(id(op)) or schema_of(op)
-    specs = schema.args
+    specs = schema_of(op).args
     n = len(args)
     if kwargs:
         values = [args[i] if i < n else kwargs.get(a.name, a.default) for i, a in enumerate(specs)]

@@ -15,6 +15,7 @@ JAX is imported on the first transfer or program, never by making an empty tenso
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -29,17 +30,16 @@ _ALIGN = 64
 # (nor a collection) can run inside one on the thread that holds it.
 _lock = threading.Lock()
 _memory = {"allocated": 0, "peak": 0, "next_address": 1 << 48}  # addresses are never reused
-_device: list = []  # the torch.device of tpu:0, made once (the backend's name is set once)
 
 
 def device_name() -> str:
     return torch._C._get_privateuse1_backend_name()
 
 
+@functools.cache
 def torch_device() -> torch.device:
-    if not _device:
-        _device.append(torch.device(device_name(), 0))
-    return _device[0]
+    """The torch.device of tpu:0, made once (the backend's name is set once, at registration)."""
+    return torch.device(device_name(), 0)
 
 
 class DeviceStorage:
@@ -160,20 +160,16 @@ def storage_numel(size, stride) -> int:
 
 
 def contiguous_stride(size) -> list[int]:
-    n = len(size)
-    if n <= 1:
-        return [1] * n
-    stride, acc = [1] * n, 1
-    for i in range(n - 1, 0, -1):
-        d = int(size[i])
-        acc *= d if d > 1 else 1
-        stride[i - 1] = acc
-    return stride
+    stride, acc = [], 1
+    for n in reversed(size):
+        stride.append(acc)
+        acc *= max(int(n), 1)
+    return stride[::-1]
 
 
 def torch_storage(storage: DeviceStorage) -> torch.UntypedStorage:
     """A torch storage for `storage` (one per DeviceStorage: views share it through torch)."""
-    untyped = _from_pointer(storage.address, _device[0] if _device else torch_device(), storage.nbytes)
+    untyped = _from_pointer(storage.address, torch_device(), storage.nbytes)
     untyped._tpu = storage
     return untyped
 
@@ -183,9 +179,7 @@ def wrap(storage: DeviceStorage, size, stride=None, offset: int = 0, dtype=None)
     if stride is None:
         stride = contiguous_stride(size)
     t = _create_empty(size, dtype or storage.dtype)
-    untyped = _from_pointer(storage.address, _device[0] if _device else torch_device(), storage.nbytes)
-    untyped._tpu = storage
-    _set_storage_cpu(_CPU, t, untyped, offset, size, stride)
+    _set_storage_cpu(_CPU, t, torch_storage(storage), offset, size, stride)
     return t
 
 

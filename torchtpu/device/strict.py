@@ -122,9 +122,7 @@ def _apply(call: OpCall, program: Program, results: list):
     if len(plan.returns) == 1:
         return _value(plan.returns[0], call, results)
     returns = [_value(entry, call, results) for entry in plan.returns]
-    if not returns:
-        return None
-    return returns[0] if len(returns) == 1 else tuple(returns)
+    return tuple(returns) if returns else None
 
 
 def _value(entry, call: OpCall, results: list):
