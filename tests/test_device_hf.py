@@ -148,6 +148,25 @@ def test_adamw_training_steps_match_cpu(cpu_llama):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-4, rtol=1e-4, msg=name)
 
 
+def test_autocast_bfloat16_forward_and_backward_match_the_cpus_autocast(cpu_llama):
+    _, ids, _, _ = cpu_llama
+    cpu = _llama().train()
+    dev = copy.deepcopy(cpu).to(TPU)
+    outs = {}
+    for model in (cpu, dev):
+        on = next(model.parameters()).device
+        with torch.autocast(on.type, dtype=torch.bfloat16):
+            out = model(ids.to(on), labels=ids.to(on), use_cache=False)
+        out.loss.backward()
+        outs[on.type] = out
+    assert outs[TPU].logits.dtype == outs["cpu"].logits.dtype == torch.bfloat16
+    assert outs[TPU].loss.item() == pytest.approx(outs["cpu"].loss.item(), rel=1e-3)
+    assert _relative_error(outs[TPU].logits.float(), outs["cpu"].logits.float()) < 2e-2  # bf16 steps
+    for (name, p), q in zip(dev.named_parameters(), cpu.parameters()):
+        assert p.grad.dtype == torch.float32, name
+        assert _relative_error(p.grad, q.grad) < 5e-2, name
+
+
 def test_compiled_model_on_tpu_matches_cpu(cpu_llama):
     from helpers import compile_tpu
 

@@ -219,6 +219,10 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes `torch.autocast("tpu", dtype=...)` accepts (torch asks the device module)."""
+    return [torch.bfloat16, torch.float16]
+
 
 # --- memory ----------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import torch._tensor_str
 import torch.storage
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from torchtpu.device import kernels, module, storage
+from torchtpu.device import autocast, kernels, module, storage
 
 NAME = "tpu"
 _device_registered = False
@@ -65,6 +65,7 @@ def register_kernels() -> None:
     with _kernels_lock:
         if not _kernels_registered:
             kernels.register()
+            autocast.register()
             _kernels_registered = True
 
 
