@@ -86,6 +86,20 @@ def test_import_torch_registers_the_device_without_jax_or_kernels():
 
 
 @needs_entry_point
+def test_a_first_tensor_made_through_torch_ops_registers_the_kernels():
+    # torch calls torch.tpu._lazy_init for factories and .to() from Python, not for torch.ops
+    code = ("import json, torch\n"
+            "from torchtpu.device import registration\n"
+            "before = registration._kernels_registered\n"
+            "x = torch.ops.aten.zeros.default([2, 3], device='tpu')\n"
+            "y = torch.ops.aten.add.Tensor(x, 1.5)\n"
+            "print(json.dumps(dict(before=before, after=registration._kernels_registered, "
+            "device=str(y.device), values=y.cpu().tolist())))\n")
+    got = _json(code)
+    assert got == {"before": False, "after": True, "device": "tpu:0", "values": [[1.5] * 3] * 2}
+
+
+@needs_entry_point
 def test_autoload_off_leaves_torch_without_the_device():
     code = ("import sys, json, torch\n"
             "try:\n"

@@ -47,17 +47,20 @@ _EXCLUDE = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
 _libraries: list = []
 
 
+def register_fallthrough() -> None:
+    """Every op falls through the key (registered with the device: one registration)."""
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(torch.library.fallthrough_kernel, KEY)
+    _libraries.append(lib)
+
+
 def register() -> None:
-    """Registers the three lists' kernels and the fallthrough for every other op (once)."""
-    if _libraries:
-        return
+    """Registers the three lists' kernels (with the device's kernels)."""
     lib = torch.library.Library("aten", "IMPL")
     for names, rule in ((LOWER, _lower), (FLOAT32, _float32), (PROMOTE, _promote)):
         for name in names:
             lib.impl(name, _Kernel(name, rule), KEY)
-    fallthrough = torch.library.Library("_", "IMPL")
-    fallthrough.fallback(torch.library.fallthrough_kernel, KEY)
-    _libraries.extend([lib, fallthrough])
+    _libraries.append(lib)
 
 
 def _castable(x) -> bool:

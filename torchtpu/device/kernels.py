@@ -78,9 +78,22 @@ def register() -> None:
                          ("_copy_from", _copy_from), ("_copy_from_and_resize", _copy_from_and_resize),
                          ("_local_scalar_dense", _item), ("_conj", _conj), ("_neg_view", _neg_view)]:
         lib.impl(name, kernel, KEY)
-    fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(_fallback, KEY)
-    _libraries.extend([lib, fallback])
+    _libraries.append(lib)
+
+
+def register_fallback(ensure_kernels) -> None:
+    """The fallback for the PrivateUse1 key, registered with the device (before the kernels):
+    an op that reaches the key before torch called torch.tpu._lazy_init (`torch.ops.aten.zeros(...,
+    device="tpu")`, or an op on a tensor a precompiled program made) first registers the kernels
+    through `ensure_kernels`, then runs again from the top if it now has a kernel of its own."""
+    def fallback(op, *args, **kwargs):
+        if ensure_kernels() and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), KEY):
+            return op(*args, **kwargs)
+        return _executor().run(op, args, kwargs)
+
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(fallback, KEY)
+    _libraries.append(lib)
 
 
 def _run(op, *args, **kwargs):
@@ -125,9 +138,6 @@ class _Structured:
             self.op = getattr(getattr(aten, base), overload or "default")
         return (_strict or _executor()).run(self.op, args, kwargs)
 
-
-def _fallback(op, *args, **kwargs):
-    return _executor().run(op, args, kwargs)
 
 
 # --- memory and metadata -----------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Two steps. The device (a few ms) is what `import torchtpu.device`, and through the
 `torch.backends` entry point every `import torch`, runs. The kernels (≈500 torch.library
 registrations, ≈50 ms) wait for torch's call of `torch.tpu._lazy_init`, which it makes before
-the first tpu tensor is made or moved from Python (factories, `torch.tensor`, `.to`).
+the first tpu tensor is made or moved from Python (factories, `torch.tensor`, `.to`); an op
+that reaches the key before that (through `torch.ops`, or on a tensor a precompiled program
+made) finds the device's fallback, which registers them first.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ def register_device() -> None:
     _setup_privateuseone_for_python_backend(NAME, backend_module=module, hook=_Hooks(), device_guard=_Guard())
     _print_on_host()
     _clone_storages()
+    kernels.register_fallback(_kernels_just_registered)
+    autocast.register_fallthrough()
     _device_registered = True
 
 
@@ -67,6 +71,14 @@ def register_kernels() -> None:
             kernels.register()
             autocast.register()
             _kernels_registered = True
+
+
+def _kernels_just_registered() -> bool:
+    """Registers the kernels if they are not yet; True when this call did (the fallback's test)."""
+    if _kernels_registered:
+        return False
+    register_kernels()
+    return True
 
 
 def _print_on_host() -> None:
