@@ -39,6 +39,9 @@ class LowerCtx:
             lower_node masks padded positions for the nodes the pad-safety analysis marked.
         checks: the program's run-time checks (compiler.checks.RunChecks); None with option
             check_indices=False.
+        env: the values lowered so far, by FX node (None outside a whole-graph lowering): a
+            rule may look through an argument to the node that produced it (the matrix
+            products fold a transpose of an operand into their dimension numbers).
     """
 
     node: torch.fx.Node
@@ -48,6 +51,7 @@ class LowerCtx:
     padding: Any = None
     meta_val: Any = None  # overrides node.meta["val"] (an effectful op's own outputs)
     checks: Any = None
+    env: Any = None
 
     # --- output metadata -------------------------------------------------------------
     @property

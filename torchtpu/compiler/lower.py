@@ -91,7 +91,8 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
             if node.op == "get_attr":
                 env[node] = _constant(gm, node)
             elif node.op == "call_function":
-                env[node] = lower_node(node, env, LowerCtx(node, platform, options, state, padding, checks=checks),
+                env[node] = lower_node(node, env, LowerCtx(node, platform, options, state, padding, checks=checks,
+                                                               env=env),
                                        gm, spec)
             elif node.op == "output":
                 for value, meta in zip(_flat_outputs(node, env), _flat_output_metas(node)):
