@@ -127,13 +127,18 @@ def test_accelerate_dispatch_takes_a_device_index_not_the_name(cpu_llama, tmp_pa
         logits = model(ids.to(TPU)).logits
     assert _relative_error(logits, expected) < 1e-4
 
-def test_adamw_training_steps_match_cpu(cpu_llama):
-    _, ids, _, _ = cpu_llama
+def _training_pair():
+    """The tiny Llama in training mode on the CPU and a copy on the device, each with its device."""
     cpu = _llama().train()
     dev = copy.deepcopy(cpu).to(TPU)
+    return cpu, dev, [(cpu, torch.device("cpu")), (dev, next(dev.parameters()).device)]
+
+
+def test_adamw_training_steps_match_cpu(cpu_llama):
+    _, ids, _, _ = cpu_llama
+    cpu, dev, pair = _training_pair()
     losses = {}
-    for model in (cpu, dev):
-        on = next(model.parameters()).device
+    for model, on in pair:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         for _ in range(3):
             optimizer.zero_grad()
@@ -150,11 +155,9 @@ def test_adamw_training_steps_match_cpu(cpu_llama):
 
 def test_autocast_bfloat16_forward_and_backward_match_the_cpus_autocast(cpu_llama):
     _, ids, _, _ = cpu_llama
-    cpu = _llama().train()
-    dev = copy.deepcopy(cpu).to(TPU)
+    cpu, dev, pair = _training_pair()
     outs = {}
-    for model in (cpu, dev):
-        on = next(model.parameters()).device
+    for model, on in pair:
         with torch.autocast(on.type, dtype=torch.bfloat16):
             out = model(ids.to(on), labels=ids.to(on), use_cache=False)
         out.loss.backward()
