@@ -4,7 +4,7 @@ torch 2.13 registers autocast kernels for CUDA, CPU, XPU, MPS, MTIA and MAIA, no
 PrivateUse1 backend, so without these an op under `torch.autocast("tpu")` fails with "Could
 not run 'aten::matmul' with arguments from the 'Autocasttpu' backend". Every op falls through
 the key except three lists, which follow torch's CUDA autocast (the rules users of an
-accelerator know; torch_xla uses the same for its device):
+accelerator know):
 
   - LOWER: matmuls, convolutions, attention: floating inputs (not float64) cast to the
     autocast dtype;
