@@ -15,12 +15,16 @@ accelerator know):
 
 Not done (CUDA's autocast does it): the cache of weights cast within one autocast region, so a
 weight used twice is cast twice (one small program each time; the casts are exact). A kernel
-resolves its OpOverload at the first call, as kernels._Structured does.
+resolves its OpOverload at the first call, as the device's structured kernels do.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils import _pytree
+
+from torchtpu.device import kernels
 
 KEY = "AutocastPrivateUse1"
 LOWER = ("_convolution", "_convolution.deprecated", "conv1d", "conv1d.padding", "conv2d", "conv2d.padding",
@@ -84,10 +88,7 @@ def _promote(args, kwargs):
     dtypes = [x.dtype for x in _pytree.tree_leaves((args, kwargs)) if _castable(x)]
     if len(set(dtypes)) < 2:
         return args, kwargs
-    widest = dtypes[0]
-    for dtype in dtypes[1:]:
-        widest = torch.promote_types(widest, dtype)
-    return _cast_all(args, kwargs, widest)
+    return _cast_all(args, kwargs, functools.reduce(torch.promote_types, dtypes))
 
 
 class _Kernel:
@@ -100,8 +101,7 @@ class _Kernel:
 
     def __call__(self, *args, **kwargs):
         if self.op is None:
-            base, _, overload = self.name.partition(".")
-            self.op = getattr(getattr(torch.ops.aten, base), overload or "default")
+            self.op = kernels.overload_named(self.name)
         args, kwargs = self.rule(args, kwargs)
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
             return self.op(*args, **kwargs)

@@ -87,9 +87,10 @@ def register_fallback(ensure_kernels) -> None:
     device="tpu")`, or an op on a tensor a precompiled program made) first registers the kernels
     through `ensure_kernels`, then runs again from the top if it now has a kernel of its own."""
     def fallback(op, *args, **kwargs):
-        if ensure_kernels() and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), KEY):
+        # _strict is set by the first op run, which the kernels' registration always precedes
+        if _strict is None and ensure_kernels() and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), KEY):
             return op(*args, **kwargs)
-        return _executor().run(op, args, kwargs)
+        return (_strict or _executor()).run(op, args, kwargs)
 
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(fallback, KEY)
@@ -134,10 +135,14 @@ class _Structured:
 
     def __call__(self, *args, **kwargs):
         if self.op is None:
-            base, _, overload = self.name.partition(".")
-            self.op = getattr(getattr(aten, base), overload or "default")
+            self.op = overload_named(self.name)
         return (_strict or _executor()).run(self.op, args, kwargs)
 
+
+def overload_named(name: str):
+    """The aten OpOverload a registration name ("add.Tensor", "mm") stands for."""
+    base, _, overload = name.partition(".")
+    return getattr(getattr(aten, base), overload or "default")
 
 
 # --- memory and metadata -----------------------------------------------------------------------
