@@ -10,7 +10,8 @@ static one decodes through transformers' own compile with backend="tpu"): the pe
 and Dynamo graphs each generated token added, the warm milliseconds per token, and whether the
 tokens equal the CPU's. Flows in one process share programs (both generate flows run the same
 bookkeeping ops on the growing token tensor): run each generate flow in its own process, with an
-empty compile cache (TORCHTPU_CACHE_DIR), for per-token counts.
+empty compile cache (TORCHTPU_CACHE_DIR), for per-token counts. Programs count the per-op
+programs of both kinds (one per exact size, and one per size bucket: device/bucketed.py).
 """
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ class _Steps:
 
     def __call__(self, input_ids, scores, **kwargs):
         s = torchtpu.stats()
-        self.marks.append((time.perf_counter(), s.get("eager_programs", 0), s.get("dynamo_graphs", 0)))
+        programs = s.get("eager_programs", 0) + s.get("eager_bucketed_programs", 0)
+        self.marks.append((time.perf_counter(), programs, s.get("dynamo_graphs", 0)))
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
@@ -105,8 +107,12 @@ def generate(ids, new_tokens: int, cache: str) -> None:
     _generate(model, ids.to(TPU), new_tokens, warm)
     per_token = [(b[1] - a[1], b[2] - a[2]) for a, b in zip(cold.marks, cold.marks[1:])]
     ms = statistics.median(1e3 * (b[0] - a[0]) for a, b in zip(warm.marks, warm.marks[1:]))
+    s = torchtpu.stats()
     print(f"generate, {cache} cache: (programs, graphs) per decode step {per_token}; "
-          f"warm {ms:.1f} ms per token; tokens equal the CPU's: {torch.equal(got.cpu(), expected)}")
+          f"warm {ms:.1f} ms per token; tokens equal the CPU's: {torch.equal(got.cpu(), expected)}; "
+          f"per-op programs {s.get('eager_programs', 0)} exact and {s.get('eager_bucketed_programs', 0)} bucketed, "
+          f"{s.get('eager_bucket_refusals', 0)} bucketing refusals, {s.get('eager_pads', 0)} storages padded, "
+          f"{s.get('eager_unpads', 0)} unpadded")
 
 
 def main() -> None:

@@ -110,6 +110,8 @@ MASKED = {
     "matmul_over_padded": lambda x: x.transpose(0, 1) @ x,
     "cumsum": lambda x: torch.cumsum(x, 1),
     "cat_static_first": lambda x: torch.cat([x[:, :1], x], 1).sum(1),
+    "cat_padded_first": lambda x: torch.cat([x, x], 1).sum(1),  # each piece at the true end of the last
+    "cat_growing_cache": lambda x: torch.softmax(torch.cat([x, x[:, :1] * 3, x], 1), 1),  # a KV cache's append
     "last_positions_slice": lambda x: x[:, -1:] * 2,  # a slice from the true end
     "slice_from_the_end": lambda x: x[:, -7:] * 2,  # the last 7 true positions, or all when shorter
     "strided_slice_between_ends": lambda x: x[:, -9:-1:3].sum(1),  # both ends from the true end
@@ -133,7 +135,7 @@ def _write_first_and_last(x):
     return y
 REFUSED = {
     "layernorm_over_padded": (lambda x: F.layer_norm(x, x.shape[1:]), "normalises over a padded dim"),
-    "cat_padded_first": (lambda x: torch.cat([x, x], 1).sum(1), "cat along a padded dim"),
+    "cat_along_merged_padded": (lambda x: torch.cat([x.reshape(-1), x.reshape(-1)]).sum(), "merged padded dim"),
     "slice_from_the_end_to_a_fixed_position": (lambda x: x[:, -40:1] * 2, "counted from the end"),
     "flip": (lambda x: x.flip(1)[:, 0], "not known to be pad-safe"),
     "padded_slice_into_static_dim": (lambda x: _write_into_static(x), "touches a padded dim"),

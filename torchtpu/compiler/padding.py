@@ -84,12 +84,17 @@ class Padding:
         return tuple(args), kwargs
 
     def rule_for(self, node, rule):
-        """The rule to lower `node` with: its own, or for a slice or select counted from the end
-        of a padded dim (mask "from_end") one that starts at true size + start. A slice keeps
-        the length it has at the bucket's size (the shape the rest of the program sees)."""
+        """The rule to lower `node` with: its own; for a slice or select counted from the end of a
+        padded dim (mask "from_end") one that starts at true size + start (a slice keeps the
+        length it has at the bucket's size, the shape the rest of the program sees); for a cat
+        along a padded dim (mask "cat") the plain cat, then each piece after a padded one
+        written again at the true end of the pieces before it (in order, so each piece's
+        padding is overwritten by the next piece's real positions)."""
         spec = node.meta.get(bucketing.MASK)
-        if spec is None or spec.after != "from_end":
+        if spec is None or spec.after not in ("from_end", "cat"):
             return rule
+        if spec.after == "cat":
+            return self._cat_rule(rule, spec.dims)
         ((dim, factors),) = spec.dims
         size = evaluate(factors[0], self.true)
 
@@ -103,6 +108,23 @@ class Padding:
             return lax.slice_in_dim(y, 0, span, step, axis=dim)
 
         return select if node.target is aten.select.int else slice_from_end
+
+    def _cat_rule(self, rule, pieces):
+        dim = pieces[0][0]
+
+        def cat_at_true_ends(ctx, tensors, dim_=0):
+            out = rule(ctx, tensors, dim_)
+            offset, moved = 0, False
+            for t, (_, factors) in zip(tensors, pieces):
+                if t.ndim != out.ndim:  # a legacy empty 1-d piece, which cat skips
+                    continue
+                if moved:
+                    out = lax.dynamic_update_slice_in_dim(out, t.astype(out.dtype), offset, axis=dim)
+                offset = offset + evaluate(factors[0], self.true)
+                moved = moved or any(_is_bucketed(f, self.true) for f in factors)
+            return out
+
+        return cat_at_true_ends
 
     def _indices(self, indices, plan):
         """index_put's or index's index list: padded entries out of bounds (the scatter drops
@@ -118,7 +140,7 @@ class Padding:
 
     def after(self, node, args, kwargs, out):
         spec = node.meta.get(bucketing.MASK)
-        if spec is None or spec.after in ("", "keys", "from_end"):
+        if spec is None or spec.after in ("", "keys", "from_end", "cat"):
             return out
         if spec.after == "rescale":
             ratio = self.count(spec.dims, self.bucket) / self.count(spec.dims, self.true)
@@ -149,6 +171,11 @@ class Padding:
         if node.target is aten.var_mean.correction:
             return var, (mean if keepdim else jnp.squeeze(mean, axis=tuple(dims)))
         return var
+
+
+def _is_bucketed(factor, true: dict) -> bool:
+    """Whether a factor depends on a bucketed symbol (its bucket value may exceed its true one)."""
+    return bool(getattr(factor, "free_symbols", set()) & set(true))
 
 
 def _fill(kind, dtype):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 
 import torch
 
@@ -116,16 +118,18 @@ class OpCall:
         storages: the distinct DeviceStorages the tensors view, in first-use order.
         scalars: the runtime scalars' values (Python numbers or 0-d CPU tensors).
         key: what the program depends on.
+        padded: some storage holds a padded array (device/bucketed.py).
     """
 
-    __slots__ = ("op", "values", "template", "storages", "scalars", "key")
+    __slots__ = ("op", "values", "template", "storages", "scalars", "key", "padded")
 
-    def __init__(self, op, values: list, template: tuple, storages: list, scalars: list, key: tuple):
-        self.op, self.values, self.template, self.storages, self.scalars, self.key = (
-            op, values, template, storages, scalars, key)
+    def __init__(self, op, values: list, template: tuple, storages: list, scalars: list, key: tuple,
+                 padded: bool = False):
+        self.op, self.values, self.template, self.storages, self.scalars, self.key, self.padded = (
+            op, values, template, storages, scalars, key, padded)
 
     def with_template(self, template: tuple) -> "OpCall":
-        return OpCall(self.op, self.values, template, self.storages, self.scalars, self.key)
+        return OpCall(self.op, self.values, template, self.storages, self.scalars, self.key, self.padded)
 
 
 class MixedDevices(RuntimeError):
@@ -149,14 +153,14 @@ def describe(op, args, kwargs, lift: bool = True) -> OpCall:
     if state.f64:  # a float64 computation takes its runtime floats at full precision
         template = _widen(template)
     key = (id(op), tuple([(s.shape, s.dtype) for s in state.storages]), template, torch.get_default_dtype())
-    return OpCall(op, values, template, state.storages, state.scalars, key)
+    return OpCall(op, values, template, state.storages, state.scalars, key, state.padded)
 
 
 _F64 = torch.float64
 
 
 class _State:
-    __slots__ = ("lift", "storages", "index", "scalars", "f64")
+    __slots__ = ("lift", "storages", "index", "scalars", "f64", "padded")
 
     def __init__(self, lift: bool):
         self.lift = lift
@@ -164,6 +168,7 @@ class _State:
         self.index: dict[int, int] = {}
         self.scalars: list = []
         self.f64 = False
+        self.padded = False
 
     def encode(self, v, arg: ArgInfo):
         if isinstance(v, torch.Tensor):
@@ -206,6 +211,8 @@ class _State:
         if i is None:
             i = self.index[id(s)] = len(self.storages)
             self.storages.append(s)
+            if s.padding is not None:
+                self.padded = True
         if dtype is _F64:
             self.f64 = True
         return (TENSOR, i, dtype, t.shape, t.stride(), t.storage_offset())
@@ -219,3 +226,25 @@ def _widen(template):
     if isinstance(template, tuple):
         return tuple(_widen(x) for x in template)
     return template
+
+
+_INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+_internal_code: dict = {}
+
+
+def user_frame() -> tuple:
+    """(filename, line, function) of the innermost frame outside torch and torchtpu: the user's
+    line that called the op."""
+    f = sys._getframe(1)
+    last = None
+    while f is not None:
+        code = f.f_code
+        internal = _internal_code.get(code)
+        if internal is None:
+            internal = _internal_code[code] = code.co_filename.startswith(_INTERNAL)
+        if not internal:
+            return code.co_filename, f.f_lineno, code.co_name
+        last = f
+        f = f.f_back
+    code = last.f_code if last is not None else None
+    return (code.co_filename, last.f_lineno, code.co_name) if code else ("?", 0, "?")

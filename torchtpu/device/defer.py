@@ -22,7 +22,6 @@ import dataclasses
 import hashlib
 import linecache
 import os
-import sys
 import threading
 import time
 import typing
@@ -36,12 +35,12 @@ from torchtpu.compiler import checks, registry
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.compiler.errors import LoweringError
 from torchtpu.device import module, strict, transfer
+from torchtpu.device.call import user_frame
 from torchtpu.device.graph import HostOnly, scalar_markers
 from torchtpu.device.storage import Pending
 
 _MAX_OPS_ENV = "TORCHTPU_DEFER_MAX_OPS"
 _DEFAULT_MAX_OPS = 2048
-_INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _graph_task = torch._C._current_graph_task_id
 
@@ -64,6 +63,7 @@ class OpEntry:
     scalars: list  # per runtime scalar: (dtype, how)
     result_shapes: list  # per graph output: the array's shape
     random: bool
+    family: int | None = None  # strict.Program's: defer mode does not bucket, its results have no origin
 
 
 class Record(typing.NamedTuple):
@@ -174,7 +174,7 @@ class Defer:
             first = len(values)
             results = [Pending(shape, graph, first + i) for i, shape in enumerate(entry.result_shapes)]
             values.extend([weakref.ref(p) for p in results])
-            graph.records.append(Record(entry, refs, first, _user_frame()))
+            graph.records.append(Record(entry, refs, first, user_frame()))
             if entry.random:
                 graph.random = True
             if _graph_task() != -1:
@@ -202,6 +202,8 @@ class Defer:
             if array.array is None and array.graph is graph:
                 return ~array.index
             array = s.value()  # computed by an earlier flush (or its failure raises here)
+        elif s.padding is not None:  # a strict-mode bucketed program's padded array: the exact one
+            array = s.value()
         return self._input(graph, array, (s.shape, s.dtype))
 
     @staticmethod
@@ -254,7 +256,7 @@ class Defer:
                 raise checks.user_error(failed.check, program.runner._node_at(failed.check["node"])) from None
         except Exception as e:
             graph.error = e
-            events.record("flush", reason=reason, ops=len(graph.records), source=_where(_user_frame()),
+            events.record("flush", reason=reason, ops=len(graph.records), source=_where(user_frame()),
                           error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             graph.release()
             raise
@@ -271,7 +273,7 @@ class Defer:
         counters.bump("defer_ops", ops)
         counters.bump("eager_hits", graph.hits)
         events.record("flush", reason=reason, ops=ops, program=program.key, cache=found, graph=program.name,
-                      inputs=inputs, outputs=len(kept), source=_where(_user_frame()),
+                      inputs=inputs, outputs=len(kept), source=_where(user_frame()),
                       ms=round((time.perf_counter() - start) * 1e3, 3))
 
     def _build(self, graph: PendingGraph, kept: tuple) -> Program:
@@ -353,26 +355,6 @@ def _check_rules(op, gm) -> None:
             target = node.args[1]
         if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and registry.lookup(target) is None:
             raise strict.NoDeviceKernel(f"torchtpu.device: {op} cannot run on the tpu device: no lowering for {target}")
-
-
-_internal_code: dict = {}
-
-
-def _user_frame() -> tuple:
-    """(filename, line, function) of the innermost frame outside torch and torchtpu."""
-    f = sys._getframe(1)
-    last = None
-    while f is not None:
-        code = f.f_code
-        internal = _internal_code.get(code)
-        if internal is None:
-            internal = _internal_code[code] = code.co_filename.startswith(_INTERNAL)
-        if not internal:
-            return code.co_filename, f.f_lineno, code.co_name
-        last = f
-        f = f.f_back
-    code = last.f_code if last is not None else None
-    return (code.co_filename, last.f_lineno, code.co_name) if code else ("?", 0, "?")
 
 
 def _where(frame: tuple) -> str:

@@ -36,11 +36,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch._decomp import get_decompositions
 
 from torchtpu.compiler.decompositions import decomposition_table
+from torchtpu.kernels import ops as _ops  # noqa: F401  (defines torch.ops.torchtpu.window)
 from torchtpu.device.call import DEVICE, SCALAR, TENSOR, Marker, OpCall, kind_of, schema_of
 from torchtpu.device.storage import contiguous_stride
 
 aten = torch.ops.aten
 CONSTANT = Marker("constant tensor")  # a number given to the op as a 0-d tensor (see _numbers_as_tensors)
+# A tensor over a padded storage (bucketed.py): (PADDED, storage index, dtype, splits, groups, takes),
+# read from the storage's symbolic-size fake by _padded_view.
+PADDED = Marker("padded Tensor")
 _SENTINELS = ((1.2345678901234567e-7, 7919), (7.654321098765432e-9, 7907))  # (float, int) per trace
 _ALPHA_OPS = {aten.add.Tensor: aten.add.Tensor, aten.sub.Tensor: aten.sub.Tensor}
 
@@ -116,31 +120,50 @@ class Plan:
     mutated: list
 
 
-def op_graph(call: OpCall) -> tuple[torch.fx.GraphModule, list, Plan]:
-    """The FX graph of `call`, its fake example inputs (storages, then runtime scalars) and Plan."""
+@dataclasses.dataclass
+class Inputs:
+    """The fake inputs a program is traced over: one per storage, then the run-time starts of
+    windows into padded storages (0-d int64), then the runtime scalars."""
+
+    fake_mode: FakeTensorMode
+    bases: list
+    starts: list
+    scalars: list = dataclasses.field(default_factory=list)
+
+    def all(self) -> list:
+        return [*self.bases, *self.starts, *self.scalars]
+
+
+def op_graph(call: OpCall, inputs: Inputs | None = None) -> tuple[torch.fx.GraphModule, list, Plan]:
+    """The FX graph of `call`, its fake example inputs (storages, run-time starts, runtime
+    scalars) and Plan. `inputs` gives the storages' fakes (symbolic sizes for padded storages,
+    bucketed.py); by default each storage's fake has its static shape."""
     schema = schema_of(call.op)
     if not schema.tensor_returns:
         raise HostOnly(f"{call.op} returns a Python value")
     if schema.returns_view:
         raise NotImplementedError(f"{call.op} is a view op with no tpu kernel yet (torchtpu/device/kernels.py "
                                   f"registers the view ops it supports)")
-    fake_mode = FakeTensorMode()
+    if inputs is None:
+        fake_mode = FakeTensorMode()
+        with fake_mode:
+            inputs = Inputs(fake_mode, [torch.empty(shape, dtype=dtype) for shape, dtype in call.key[1]], [])
+    fake_mode = inputs.fake_mode
     with fake_mode:
-        bases = [torch.empty(shape, dtype=dtype) for shape, dtype in call.key[1]]
-        scalars = [torch.empty((), dtype=m[2]) for m in scalar_markers(call.template)]
-    if _rejects_numbers(call, bases, scalars, fake_mode):
+        inputs.scalars = [torch.empty((), dtype=m[2]) for m in scalar_markers(call.template)]
+    if _rejects_numbers(call, inputs):
         call = call.with_template(_numbers_as_tensors(call))
     numbers = [m for m in scalar_markers(call.template) if m[3] == "number"]
     try:
-        resized = _resized_outs(call, bases, scalars, fake_mode)
+        resized = _resized_outs(call, inputs)
         if not numbers:
-            gm, plan = _trace(call, bases, scalars, resized, fake_mode, None)
-            return gm, bases + scalars, plan
+            gm, plan = _trace(call, inputs, resized, None)
+            return gm, inputs.all(), plan
         traced = []
         for floats, ints in _SENTINELS:
             values = {m[1]: (floats if m[2].is_floating_point else ints) * (1 + m[1]) for m in numbers}
-            gm, plan = _trace(call, bases, scalars, resized, fake_mode, values)
-            _lift(gm, values, len(bases), fake_mode)
+            gm, plan = _trace(call, inputs, resized, values)
+            _lift(gm, values, len(inputs.bases) + len(inputs.starts), fake_mode)
             traced.append((gm, plan))
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         raise HostOnly(f"{call.op} has an output shape that depends on the data") from e
@@ -150,9 +173,17 @@ def op_graph(call: OpCall) -> tuple[torch.fx.GraphModule, list, Plan]:
         if not numbers:
             raise
         raise ScalarBaked(f"{call.op}: {type(e).__name__}: {e}") from e
-    if traced[0][0].code != traced[1][0].code:
+    if _structure(traced[0][0]) != _structure(traced[1][0]):
         raise ScalarBaked(f"{call.op}: its graph depends on a number's value")
-    return traced[0][0], bases + scalars, traced[0][1]
+    return traced[0][0], inputs.all(), traced[0][1]
+
+
+def _structure(gm: torch.fx.GraphModule) -> list:
+    """The graph without its node names (a symbolic trace numbers the names of the size
+    arithmetic it drops, differently per trace)."""
+    index = {node: i for i, node in enumerate(gm.graph.nodes)}
+    return [(n.op, str(n.target), torch.fx.node.map_arg((n.args, n.kwargs), lambda a: ("node", index[a])))
+            for n in gm.graph.nodes]
 
 
 _REJECTS_NUMBERS: dict[int, bool] = {}  # by id(op)
@@ -170,7 +201,7 @@ def _number_slots(call) -> list[int]:
     return slots
 
 
-def _rejects_numbers(call, bases, scalars, fake_mode) -> bool:
+def _rejects_numbers(call, inputs: Inputs) -> bool:
     """Whether the op refuses a Python number for a Tensor argument when called from Python (torch
     allows it for add, mul, eq, ...; not for remainder, special_hermite_polynomial_h, ...)."""
     if not _number_slots(call):
@@ -179,10 +210,10 @@ def _rejects_numbers(call, bases, scalars, fake_mode) -> bool:
     if known is None:
         known = False
         try:
-            with fake_mode:
-                scratch = [torch.empty_like(b) for b in bases]
-                decoded = [_decode(t, scratch, scalars, {m[1]: 1 for m in scalar_markers(call.template)})
-                           for t in call.template]
+            with inputs.fake_mode:
+                scratch = [torch.empty_like(b) for b in inputs.bases]
+                decoded = [_decode(t, scratch, inputs.scalars, {m[1]: 1 for m in scalar_markers(call.template)},
+                                   inputs.starts) for t in call.template]
                 args, kwargs = _call_args(call, decoded)
                 call.op(*args, **kwargs)
         except RuntimeError as e:
@@ -214,7 +245,7 @@ def scalar_markers(template) -> list[tuple]:
         if isinstance(t, tuple) and t:
             if t[0] is SCALAR:
                 out.append(t)
-            elif t[0] is not TENSOR:
+            elif t[0] is not TENSOR and t[0] is not PADDED:
                 for x in t:
                     walk(x)
 
@@ -222,9 +253,12 @@ def scalar_markers(template) -> list[tuple]:
     return sorted(out, key=lambda m: m[1])
 
 
-def _decode(t, bases, scalars, sentinels):
+def _decode(t, bases, scalars, sentinels, starts=()):
     if isinstance(t, tuple) and t:
         head = t[0]
+        if head is PADDED:
+            _, i, dtype, splits, groups, takes = t
+            return _padded_view(bases[i], groups, takes, starts, splits)
         if head is TENSOR:
             _, i, dtype, size, stride, offset = t
             if bases[i].dtype != dtype:
@@ -237,7 +271,7 @@ def _decode(t, bases, scalars, sentinels):
             return _constant_tensor(t[1])
         if len(t) in (2, 3) and head in (int, float, bool, complex):  # (type, value[, sign of a zero])
             return t[1]
-        return [_decode(x, bases, scalars, sentinels) for x in t]
+        return [_decode(x, bases, scalars, sentinels, starts) for x in t]
     if t is DEVICE:
         return torch.device("cpu")
     return t
@@ -262,6 +296,35 @@ def _view_of(base, size, stride, offset):
     return base.as_strided(size, stride, offset)  # on the base itself: a chain ending in as_strided does not functionalize
 
 
+def _padded_view(base, groups, takes, starts, splits=None):
+    """A tensor argument over a padded storage's fake (symbolic sizes), as bucketed.unravel
+    described it: the storage's dims split as `splits` says, then `takes` per dim ("all";
+    ("at", start, length): a static window; ("from", k, length): a window at run-time start k),
+    `groups` per dim of the argument ("one"; ("b", size): a broadcast; ("dims", dims): those dims
+    merged, in order)."""
+    x = base
+    if splits and any(splits):
+        x = x.reshape([n for d, split in enumerate(splits) for n in (split or (x.shape[d],))])
+    for d, take in enumerate(takes):
+        if take[0] == "at" and (take[1] != 0 or take[2] != x.shape[d]):
+            x = x.narrow(d, take[1], take[2])
+        elif take[0] == "from":
+            x = torch.ops.torchtpu.window(x, d, starts[take[1]], take[2])
+    order = [d for g in groups if g[0] == "dims" for d in g[1]]
+    x = x.permute(order + [d for d in range(x.dim()) if d not in order])  # the rest: selected, size 1
+    shape, sizes, at = x.shape, [], 0
+    for g in groups:
+        if g[0] == "dims":
+            sizes.append(math.prod(shape[at:at + len(g[1])]))
+            at += len(g[1])
+        else:
+            sizes.append(1)
+    x = x.reshape(sizes)
+    if any(g[0] == "b" for g in groups):
+        x = x.expand([g[1] if g[0] == "b" else n for g, n in zip(groups, x.shape)])
+    return x
+
+
 def _call_args(call: OpCall, decoded: list):
     schema = schema_of(call.op)
     args, kwargs = [], {}
@@ -273,16 +336,16 @@ def _call_args(call: OpCall, decoded: list):
     return args, kwargs
 
 
-def _resized_outs(call, bases, scalars, fake_mode) -> dict[int, tuple]:
+def _resized_outs(call, inputs: Inputs) -> dict[int, tuple]:
     """out= arguments whose shape the op changes (torch resizes them): position -> (size, stride)."""
     schema = schema_of(call.op)
     outs = [i for i, a in enumerate(schema.args) if a.is_out and a.kind == "tensor"]
     if not outs:
         return {}
     sentinels = {m[1]: 1 for m in scalar_markers(call.template)}
-    with fake_mode:
-        scratch = [torch.empty_like(b) for b in bases]  # the op resizes what it is given
-        decoded = [_decode(t, scratch, scalars, sentinels) for t in call.template]
+    with inputs.fake_mode:
+        scratch = [torch.empty_like(b) for b in inputs.bases]  # the op resizes what it is given
+        decoded = [_decode(t, scratch, inputs.scalars, sentinels, inputs.starts) for t in call.template]
         given = {i: tuple(decoded[i].shape) for i in outs}
         args, kwargs = _call_args(call, decoded)
         call.op(*args, **kwargs)
@@ -298,13 +361,14 @@ def _in_memory_order(r):
     return r, size, tuple(contiguous_stride(size))
 
 
-def _trace(call, bases, scalars, resized, fake_mode, sentinels):
+def _trace(call, inputs: Inputs, resized, sentinels):
     schema = schema_of(call.op)
     plan = Plan([], [])
+    nb, ns = len(inputs.bases), len(inputs.starts)
 
-    def fn(*inputs):
-        bs, sc = inputs[:len(bases)], inputs[len(bases):]
-        decoded = [_decode(t, bs, sc, sentinels or {}) for t in call.template]
+    def fn(*values):
+        bs, st, sc = values[:nb], values[nb:nb + ns], values[nb + ns:]
+        decoded = [_decode(t, bs, sc, sentinels or {}, st) for t in call.template]
         for i, (size, stride) in resized.items():
             decoded[i] = torch.empty_strided(size, stride, dtype=decoded[i].dtype)
         args, kwargs = _call_args(call, decoded)
@@ -314,9 +378,9 @@ def _trace(call, bases, scalars, resized, fake_mode, sentinels):
         plan.returns[:] = [_plan_return(r, alias, resized, results) for r, alias in zip(out, schema.returns_alias)]
         return tuple(results)
 
-    with fake_mode:
-        gm = make_fx(torch.func.functionalize(fn), decomposition_table=_decompositions())(*bases, *scalars)
-    plan.mutated = _mutations_to_outputs(gm, len(bases))
+    with inputs.fake_mode:
+        gm = make_fx(torch.func.functionalize(fn), decomposition_table=_decompositions())(*inputs.all())
+    plan.mutated = _mutations_to_outputs(gm, nb)
     return gm, plan
 
 
@@ -359,12 +423,12 @@ def _mutations_to_outputs(gm: torch.fx.GraphModule, n_storages: int) -> list[tup
     return mutated
 
 
-def _lift(gm: torch.fx.GraphModule, sentinels: dict[int, float], n_storages: int, fake_mode) -> None:
-    """Replaces each sentinel value in the graph by its scalar's placeholder (ScalarBaked when a
-    value lands where no tensor can stand)."""
+def _lift(gm: torch.fx.GraphModule, sentinels: dict[int, float], first_scalar: int, fake_mode) -> None:
+    """Replaces each sentinel value in the graph by its scalar's placeholder (the scalars'
+    placeholders start at `first_scalar`; ScalarBaked when a value lands where no tensor can stand)."""
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    by_value = {v: placeholders[n_storages + k] for k, v in sentinels.items()}
+    by_value = {v: placeholders[first_scalar + k] for k, v in sentinels.items()}
     found = set()
     for node in list(graph.nodes):
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):

@@ -229,11 +229,11 @@ def _copy_from(src, dst, non_blocking=False):
         if not (_whole(dst, target) and src.shape == dst.shape):
             strict.run(aten.copy_.default, (dst, src), {})
         elif _whole(src, storage.storage_of(src)) and src.dtype == dst.dtype:
-            target.set(storage.storage_of(src).share())  # clone(): arrays are immutable, share it
+            target.take(storage.storage_of(src))  # clone(): arrays are immutable, share it
         else:  # a program of the values alone: the old contents of dst are not read
             values = strict.run(aten._to_copy.default, (src,), {"dtype": dst.dtype,
                                                                 "memory_format": torch.contiguous_format})
-            target.set(storage.storage_of(values).share())
+            target.take(storage.storage_of(values))
     elif _on_device(dst):
         src = src.detach().cpu()
         target = storage.storage_of(dst)

@@ -11,12 +11,18 @@ Each storage gets its own address range in a space no process memory uses (above
 canonical on x86-64 and arm64): `data_ptr()` tells storages apart and orders views inside one,
 as torch's aliasing checks expect, and a stray host read faults instead of reading garbage.
 
+A storage whose size varies from call to call (a growing KV cache, generate()'s token list) may
+hold its array padded (`padding`): each of its dims at the front of the array's dim, the array's
+dims those of a size bucket (device/bucketed.py). Only the per-op programs of bucketed.py read
+such an array as it is; every other reader gets the exact array (`value`), sliced once and kept.
+
 JAX is imported on the first transfer or program, never by making an empty tensor.
 """
 from __future__ import annotations
 
 import functools
 import threading
+import typing
 
 import torch
 
@@ -42,22 +48,38 @@ def torch_device() -> torch.device:
     return torch.device(device_name(), 0)
 
 
+class Padded(typing.NamedTuple):
+    """How a padded storage's array holds its elements: row-major over `true`, each dim at the
+    front of the array's dim of the same index (the array's other positions hold anything)."""
+
+    true: tuple  # the storage's dims (their product is its numel)
+    dynamic: tuple  # per dim: its size varies between calls (the array's dim is its bucket)
+
+
 class DeviceStorage:
     """The device memory of one torch storage.
 
     Attributes:
         array: a jax.Array of `numel` elements of `dtype` in memory order, or None while
-            nothing was written (torch.empty): readers then see zeros. Written through `set`.
-        shape: the array's shape ((numel,) while there is none).
+            nothing was written (torch.empty): readers then see zeros. Written through `set`;
+            with `padding`, the array of a size bucket holding them (`set_padded`).
+        shape: the array's shape ((numel,) while there is none); with `padding`, its true dims.
         numel: elements of `dtype` the storage holds.
         dtype: the dtype of the tensor the storage was made for (retype reinterprets it).
+        padding: None, or the Padded layout of `array`.
+        exact: with `padding`, the exact array once a reader needed it (else None).
+        origin: the op and call site whose program made it, as bucketed.Growth numbers them
+            (None: anything else), so a size that grows around a loop is recognised.
     """
 
-    __slots__ = ("array", "shape", "numel", "dtype", "nbytes", "address")
+    __slots__ = ("array", "shape", "numel", "dtype", "nbytes", "address", "padding", "exact", "origin")
 
-    def __init__(self, numel: int, dtype: torch.dtype, array=None):
+    def __init__(self, numel: int, dtype: torch.dtype, array=None, padding: Padded | None = None):
         self.array = array
-        self.shape = (numel,) if array is None else tuple(array.shape)
+        self.padding = padding
+        self.exact = None
+        self.origin = None
+        self.shape = padding.true if padding is not None else (numel,) if array is None else tuple(array.shape)
         self.numel = numel
         self.dtype = dtype
         self.nbytes = nbytes = numel * dtype.itemsize
@@ -81,16 +103,30 @@ class DeviceStorage:
         array = self.array
         if array.__class__ is Pending:
             array = self.array = array.get(reason)
+        if self.padding is not None:
+            return self.exact if self.exact is not None else self._unpad()
         return array
 
-    def share(self):
-        """The contents to give another storage: the array, or a pending one as it is (arrays
-        are immutable, so both storages may hold it; reading either one runs the graph)."""
-        return self.array if self.array is not None else self.read()
+    def _unpad(self):
+        from torchtpu.device import transfer
+
+        self.exact = transfer.unpad(self.array, self.padding.true)
+        return self.exact
+
+    def take(self, other: "DeviceStorage") -> None:
+        """`other`'s contents, as it holds them (arrays are immutable, so both storages may hold
+        one; a pending one runs its graph when either is read)."""
+        if other.array is None:
+            other.read()
+        self.array, self.shape, self.padding, self.exact = other.array, other.shape, other.padding, other.exact
 
     def set(self, array) -> None:
         """The storage's new contents (any shape of `numel` elements, in memory order)."""
-        self.array, self.shape = array, tuple(array.shape)
+        self.array, self.shape, self.padding, self.exact = array, tuple(array.shape), None, None
+
+    def set_padded(self, array, padding: Padded) -> None:
+        """New contents as a padded array (see Padded)."""
+        self.array, self.shape, self.padding, self.exact = array, padding.true, padding, None
 
     def read(self):
         """The array, materialising zeros for a storage nothing has written."""
@@ -118,7 +154,10 @@ class DeviceStorage:
 
     def copy(self) -> "DeviceStorage":
         """A storage with the same contents: arrays are immutable, so they can be shared."""
-        return DeviceStorage(self.numel, self.dtype, self.array)
+        copy = DeviceStorage(self.numel, self.dtype)
+        if self.array is not None:
+            copy.take(self)
+        return copy
 
 
 class Pending:
@@ -160,10 +199,12 @@ def storage_numel(size, stride) -> int:
 
 
 def contiguous_stride(size) -> list[int]:
+    """Row-major strides (a dim of 0 counts as 1). A symbolic size (bucketed.py: always >= 2) is
+    multiplied in as it is, so a trace does not fix it."""
     stride, acc = [], 1
     for n in reversed(size):
         stride.append(acc)
-        acc *= max(int(n), 1)
+        acc = acc * (n if isinstance(n, torch.SymInt) else max(n, 1))
     return stride[::-1]
 
 

@@ -19,10 +19,11 @@ import weakref
 import torch
 from torch.utils._pytree import tree_map
 
-from torchtpu import counters, eager
+from torchtpu import counters, eager, events
 from torchtpu.compiler import checks
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.compiler.errors import LoweringError
+from torchtpu.device import bucketed
 from torchtpu.device import graph as graphs
 from torchtpu.device import module, transfer
 from torchtpu.device.call import OpCall, describe, schema_of
@@ -44,6 +45,10 @@ class Program:
     plan: graphs.Plan
     scalars: list  # per runtime scalar: (dtype, how), in input order
     outputs: list  # graph output -> index into the executable's results
+    family: int | None = None  # its op and call site (bucketed.Growth): the origin of its results
+
+
+_EXACT = object()  # a bucketed program cannot run this call: run it per exact size
 
 
 class Strict:
@@ -52,6 +57,11 @@ class Strict:
         self._baked: set = set()  # keys whose numbers turned out to be needed as constants
         self._host: set = set()  # keys of ops that run on the host (graph.HostOnly)
         self._lock = threading.Lock()
+        self._bucketing = bucketed.enabled()
+        self._bucketed: dict[tuple, bucketed.Program] = {}
+        self._refused: set = set()  # bucketed keys whose programs run per exact size instead
+        self._refusals: set = set()  # (op, reason) already recorded as an event
+        self._growth = bucketed.Growth()
 
     def describe(self, op, args, kwargs):
         """The call's description, with its numbers as constants where a trace found them needed."""
@@ -61,12 +71,23 @@ class Strict:
 
     def run(self, op, args, kwargs):
         call = self.describe(op, args, kwargs)
+        if call.padded:  # (only bucketed programs make padded storages)
+            out = self._run_bucketed(call, {})
+            if out is not _EXACT:
+                return out
         program = self._programs.get(call.key)
         if program is None:
             if call.key in self._host:
                 return on_host(op, args, kwargs)
+            family = None
+            if self._bucketing and not call.padded:
+                family = self._growth.family(call)
+                grow = self._growth.observe(call, family)
+                out = self._run_bucketed(call, grow) if grow else _EXACT
+                if out is not _EXACT:
+                    return out
             try:
-                program, call = self._build(call, op, args, kwargs)
+                program, call = self._build(call, op, args, kwargs, family)
             except graphs.HostOnly:
                 self._host.add(call.key)
                 return on_host(op, args, kwargs)
@@ -84,6 +105,36 @@ class Strict:
             _recent.append(weakref.ref(results[0]))
         return _apply(call, program, [results[i] for i in program.outputs])
 
+    def _run_bucketed(self, call: OpCall, grow: dict):
+        """Runs `call` through a program of its size bucket (bucketed.py), or returns _EXACT."""
+        try:
+            bcall = bucketed.describe(call, grow)
+        except bucketed.Unbucketable as e:
+            return self._refuse(call, str(e))
+        program = self._bucketed.get(bcall.key)
+        if program is None:
+            if bcall.key in self._refused:
+                return _EXACT
+            try:
+                with self._lock:
+                    program = bucketed.build(call, bcall)
+            except bucketed.Refused as e:
+                self._refused.add(bcall.key)
+                return self._refuse(call, str(e))
+            self._bucketed[bcall.key] = program
+            counters.bump("eager_bucketed_programs")
+        else:
+            counters.bump("eager_bucketed_hits")
+        return bucketed.run(program, call, bcall, _recent)
+
+    def _refuse(self, call: OpCall, reason: str):
+        """An op on varying sizes that runs per exact size: counted, and an event per op and reason."""
+        counters.bump("eager_bucket_refusals")
+        if (call.op, reason) not in self._refusals:
+            self._refusals.add((call.op, reason))
+            events.record("eager_bucketing", op=str(call.op), status="exact", reason=reason)
+        return _EXACT
+
     def trace(self, call: OpCall, op, args, kwargs) -> tuple:
         """The op's graph, its example inputs, its Plan and the OpCall they are for (a number
         the graph needs as a constant makes a new OpCall: the key remembers that)."""
@@ -98,7 +149,7 @@ class Strict:
             raise NoDeviceKernel(f"torchtpu.device: {op} cannot run on the tpu device: {e}") from e
         return gm, inputs, plan, call
 
-    def _build(self, call: OpCall, op, args, kwargs) -> tuple[Program, OpCall]:
+    def _build(self, call: OpCall, op, args, kwargs, family: int | None = None) -> tuple[Program, OpCall]:
         with self._lock:
             gm, inputs, plan, call = self.trace(call, op, args, kwargs)
             name = f"eager_{op._schema.name.split('::')[-1]}_{op._overloadname}"
@@ -110,7 +161,7 @@ class Strict:
             exe = runner.executable_for(runner.fixed_signature)
             outputs = [slot.index for slot in exe.layout.outputs]
             scalars = [(m[2], m[3]) for m in graphs.scalar_markers(call.template)]
-            program = self._programs[call.key] = Program(exe, runner, plan, scalars, outputs)
+            program = self._programs[call.key] = Program(exe, runner, plan, scalars, outputs, family)
             counters.bump("eager_programs")
             return program, call
 
@@ -120,22 +171,24 @@ def _apply(call: OpCall, program: Program, results: list):
     for storage_index, r in plan.mutated:
         call.storages[storage_index].set(results[r])
     if len(plan.returns) == 1:
-        return _value(plan.returns[0], call, results)
-    returns = [_value(entry, call, results) for entry in plan.returns]
+        return _value(plan.returns[0], call, results, program.family)
+    returns = [_value(entry, call, results, program.family) for entry in plan.returns]
     return tuple(returns) if returns else None
 
 
-def _value(entry, call: OpCall, results: list):
+def _value(entry, call: OpCall, results: list, family):
     if entry is None:
         return None
     kind = entry[0]
     if kind == "arg":
         return call.values[entry[1]]
     if kind == "list":
-        return [_value(e, call, results) for e in entry[1]]
+        return [_value(e, call, results, family) for e in entry[1]]
     if kind == "fresh":
         _, r, size, stride, dtype = entry
-        return wrap(DeviceStorage(math.prod(size), dtype, results[r]), size, stride, 0, dtype)
+        storage = DeviceStorage(math.prod(size), dtype, results[r])
+        storage.origin = family
+        return wrap(storage, size, stride, 0, dtype)
     _, position, r, size, stride, dtype = entry  # "resized"
     return point(call.values[position], DeviceStorage(math.prod(size), dtype, results[r]), size, stride)
 

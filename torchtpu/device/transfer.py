@@ -103,6 +103,51 @@ def bitcast(array, dtype: torch.dtype):
         return _bitcast_fn(array.dtype, target, max(target_size // source_size, 1))(array)
 
 
+@functools.cache
+def _resize_fn():
+    def fn(a, shape):  # each dim cut or zero-extended at its end (lax.pad takes negative padding)
+        return jax.lax.pad(a, jnp.zeros((), a.dtype), [(0, n - m, 0) for m, n in zip(a.shape, shape)])
+
+    return jax.jit(fn, static_argnums=1)
+
+
+def resize(array, shape: tuple):
+    """`array` with each dim cut to, or zero-extended to, `shape`'s (padded storages: their
+    buckets and their exact contents). On the CPU platform through the host, with no program;
+    elsewhere one small program per pair of shapes."""
+    shape = tuple(shape)
+    if tuple(array.shape) == shape:
+        return array
+    if device().platform == "cpu":
+        host = download(array)
+        out = torch.zeros(shape, dtype=host.dtype)
+        common = tuple(slice(0, min(m, n)) for m, n in zip(host.shape, shape))
+        out[common] = host[common]
+        return upload(out)
+    with jax.enable_x64(True):
+        return _resize_fn()(array, shape)
+
+
+def unpad(array, true: tuple):
+    """A padded storage's exact array (the elements at the front of each dim)."""
+    counters.bump("eager_unpads")
+    return resize(array, true)
+
+
+_SIZES_KEPT = 1024
+_sizes: dict = {}
+
+
+def sizes(values: tuple):
+    """An int64 vector of a bucketed program's true sizes, kept by value."""
+    array = _sizes.get(values)
+    if array is None:
+        if len(_sizes) >= _SIZES_KEPT:
+            _sizes.clear()
+        array = _sizes[values] = upload(torch.tensor(values, dtype=torch.int64))
+    return array
+
+
 def host_scalar(t: torch.Tensor):
     """A 0-d CPU tensor's current value as a 0-d device array (read at every call: it may change)."""
     return upload(t)
@@ -126,8 +171,12 @@ def to_host(t: torch.Tensor, reason: str = "download") -> torch.Tensor:
     from torchtpu.device.storage import storage_of
 
     s = storage_of(t)
-    array = s.value(reason)
-    flat = torch.zeros(s.numel, dtype=s.dtype) if array is None else download(array).reshape(-1)
+    if s.padding is not None and s.exact is None:  # the padded array, sliced on the host
+        padded = download(s.array)
+        flat = padded[tuple(slice(0, n) for n in s.padding.true)].reshape(-1)
+    else:
+        array = s.value(reason)
+        flat = torch.zeros(s.numel, dtype=s.dtype) if array is None else download(array).reshape(-1)
     if t.dtype != s.dtype:  # a view of another dtype (torch.save reads storages as bytes)
         flat = flat.view(t.dtype)
     return flat.as_strided(t.size(), t.stride(), t.storage_offset())

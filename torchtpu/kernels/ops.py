@@ -1,6 +1,8 @@
-"""Torch ops for fused patterns the passes insert into ATen graphs (see passes/pallas_rewrites.py).
+"""Torch ops that our own graphs contain: fused patterns the passes insert into ATen graphs (see
+passes/pallas_rewrites.py), and the window the eager device's bucketed programs read a storage
+through (device/bucketed.py).
 
-They exist so a fused node has a schema, a name in the cache key and a rule; they only run
+They exist so such a node has a schema, a name in the cache key and a rule; they only run
 eagerly in reproducers.
 """
 from __future__ import annotations
@@ -35,3 +37,17 @@ def conv_bn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, bn_weight:
 @conv_bn.register_fake
 def _(x, w, b, bn_weight, bn_bias, mean, var, eps, stride, padding, dilation, groups, relu):
     return torch.ops.aten.convolution(x, w, b, stride, padding, dilation, False, [0] * len(stride), groups)
+
+
+@torch.library.custom_op("torchtpu::window", mutates_args=())
+def window(x: torch.Tensor, dim: int, start: torch.Tensor, length: int) -> torch.Tensor:
+    """`x.narrow(dim, start, length)` (a copy) where `start` is a 0-d int64 tensor: a position known
+    only when the program runs (a view at a new offset of a padded storage: the newest token)."""
+    return x.narrow(dim, int(start), length).clone()
+
+
+@window.register_fake
+def _(x, dim, start, length):
+    shape = list(x.shape)
+    shape[dim] = length
+    return x.new_empty(shape)

@@ -14,8 +14,9 @@ only real positions when it computes a real position. Per op this is one of:
   reduction's neutral value and corrects divisors (mean, var). Positions counted from the end
   of a padded dim (a negative slice start or select index, negative gather/scatter positions)
   are counted from its true end;
-- unsafe: anything else that touches a padded dim (cat with padding in the middle, a
-  position computed from a size, flip, ...). The graph is then compiled per exact size.
+  A cat along a padded dim writes each piece at the true end of the pieces before it;
+- unsafe: anything else that touches a padded dim (a position computed from a size, flip,
+  ...). The graph is then compiled per exact size.
 
 A dim's layout is its list of factors (sympy expressions), row-major: [s6*s81] after a view
 that merged [s6, s81] keeps the factors (s6, s81), so the real positions are those whose
@@ -48,9 +49,10 @@ class Mask:
         after: "" | "rescale" (mean: multiply by padded count / true count over `dims`) |
             "var" (recompute variance over the masked argument) | "keys" (attention: mask keys) |
             "from_end" (a slice or select whose start is counted from the end of a padded dim:
-            taken at true size + start, compiler/padding.py).
+            taken at true size + start, compiler/padding.py) | "cat" (each piece written at the
+            true end of the pieces before it).
         dims: for "rescale"/"var": (dim, factors) of argument 0 that were reduced; for
-            "from_end": (dim, factors) of the sliced dim.
+            "from_end": (dim, factors) of the sliced dim; for "cat": (dim, factors) per piece.
         true_args: (argument index, expr): a size used as a value (a Tensor argument) takes
             its true value, not the bucket's.
         indices: for index_put and index: (position in the index list, kind, factors): "drop"
@@ -191,6 +193,11 @@ def _is_conv_bn(target) -> bool:
     """The fused `torchtpu::conv_bn` of passes/conv_bn.py: a convolution, then per-channel
     affine and ReLU, which padded positions cannot disturb."""
     return getattr(getattr(target, "_schema", None), "name", None) == "torchtpu::conv_bn"
+
+
+def _is_window(target) -> bool:
+    """`torchtpu::window` (kernels/ops.py): the eager device's read at a run-time position."""
+    return getattr(getattr(target, "_schema", None), "name", None) == "torchtpu::window"
 
 
 def _is_rms_norm(target) -> bool:
@@ -341,6 +348,8 @@ class _Analyzer:
             return self.norm(node)
         if _is_conv_bn(t):
             return self.convolution(node, transposed=False)
+        if _is_window(t):
+            return self.window(node)
         if t in VIEWS:
             self.layouts[node] = self.view(node)
             return "harmless", "view keeps padded dims whole"
@@ -357,6 +366,7 @@ class _Analyzer:
                    aten.slice.Tensor: self.slice, aten.select.int: self.select,
                    aten.cat.default: self.cat, aten.embedding.default: self.embedding,
                    aten.index.Tensor: self.index, aten.gather.default: self.gather,
+                   aten.index_select.default: self.index_select,
                    aten.index_put.default: self.index_put, aten._unsafe_index_put.default: self.index_put,
                    aten.slice_scatter.default: self.slice_scatter,
                    aten.split.Tensor: self.split, aten.split_with_sizes.default: self.split,
@@ -557,20 +567,30 @@ class _Analyzer:
         return "harmless", "select at a static position"
 
     def cat(self, node):
+        """Pieces padded along the cat dim would leave their padding between real positions: the
+        lowering writes each piece after the first padded one at the true end of those before it
+        (mask "cat"), so the real positions stay in front."""
         tensors = [t for t in node.args[0] if isinstance(t, torch.fx.Node)]
         ndim = node.meta["val"].ndim
         dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % ndim
-        for t in tensors[:-1]:
-            lay = self.layouts[t]
-            if len(lay) == ndim and self.padded_dim(lay[dim]):
-                raise Unsafe("cat along a padded dim puts padding between real positions")
-        last = self.layouts[tensors[-1]]
-        if len(last[dim]) > 1 and self.padded_dim(last[dim]):
+        layouts = [self.layouts[t] if self.layouts.get(t) is not None else self.fresh(t.meta["val"]) for t in tensors]
+        layouts = [lay if len(lay) == ndim else ((sympy.Integer(0),),) * ndim for lay in layouts]  # legacy (0,): skipped
+        if any(len(lay[dim]) > 1 and self.padded_dim(lay[dim]) for lay in layouts):
             raise Unsafe("cat along a merged padded dim")
         out = list(self.inherit(node))
         out[dim] = (expr_of(node.meta["val"].shape[dim]),)
         self.layouts[node] = tuple(out)
-        return "harmless", "cat with the padded part last keeps padding at the end"
+        if not any(self.padded_dim(lay[dim]) for lay in layouts[:-1]):
+            return "harmless", "cat with the padded part last keeps padding at the end"
+        self.masks[node] = Mask(after="cat", dims=tuple((dim, lay[dim]) for lay in layouts))
+        return "masked", "cat along a padded dim: each piece written at the true end of those before it"
+
+    def window(self, node):
+        """torchtpu.window: a static length at a run-time start that torch keeps inside the true dim."""
+        out = list(self.layouts[node.args[0]])
+        out[node.args[1] % len(out)] = (sympy.Integer(node.args[3]),)
+        self.layouts[node] = tuple(out)
+        return "harmless", "window at a run-time start inside the real positions"
 
     def embedding(self, node):
         if self.padded(self.layouts[node.args[0]]):
@@ -623,6 +643,12 @@ class _Analyzer:
         self.masks[node] = Mask(indices=tuple(plan))
         self.layouts[node] = x
         return "masked", "scatter: padded index entries dropped, negative positions from the true end"
+
+    def index_select(self, node):
+        """Rows by position: torch refuses negative ones, so a real index names a real row; the
+        rows of padded index entries are padding."""
+        self.layouts[node] = self.inherit(node)
+        return "harmless", "index_select by non-negative position"
 
     def gather(self, node):
         src = self.layouts[node.args[0]]

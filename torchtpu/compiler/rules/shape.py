@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from torchtpu.compiler.registry import op
+from torchtpu.kernels import ops as _ops  # noqa: F401  (defines torch.ops.torchtpu.window)
 
 aten = torch.ops.aten
 
@@ -86,6 +87,13 @@ def _cat(ctx, tensors, dim=0):
     if not parts:
         return jnp.zeros((0,), out_dtype)
     return jnp.concatenate(parts, axis=norm_dim(dim, parts[0].ndim))
+
+
+@op(torch.ops.torchtpu.window.default)
+def _window(ctx, x, dim, start, length):
+    """A slice at a run-time start: torch guarantees it lies inside the (true) dim, so XLA's clamp
+    of the start never acts."""
+    return lax.dynamic_slice_in_dim(x, start.astype(jnp.int64), length, axis=norm_dim(dim, x.ndim))
 
 
 @op(aten.stack.default)
