@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 
 TORCH_TO_JAX = {
     torch.float32: jnp.float32,
@@ -49,3 +50,20 @@ def short_name(dtype: torch.dtype) -> str:
         torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
         torch.uint8: "u8", torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128",
     }.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def convert(x, dtype, platform: str):
+    """`x.astype(dtype)`; on the CPU, float32 to bfloat16 as integer ops (round to nearest even,
+    NaN to torch's 0x7FC0). XLA:CPU's own convert made a fused chain of bfloat16 elementwise ops
+    2.3x slower here (each op computes in float32 and rounds: the convert is the work), on an
+    AVX512-BF16 CPU too (docs/DECISIONS.md 76). The same bits either way."""
+    if platform == "cpu" and x.dtype == jnp.float32 and jnp.dtype(dtype) == jnp.bfloat16:
+        return _bfloat16_rne(x)
+    return x.astype(dtype)
+
+
+def _bfloat16_rne(x):
+    bits = lax.bitcast_convert_type(x, jnp.uint32)
+    rounded = (bits + jnp.uint32(0x7FFF) + ((bits >> 16) & jnp.uint32(1))) >> 16
+    rounded = jnp.where(x != x, jnp.uint32(0x7FC0), rounded)
+    return lax.bitcast_convert_type(rounded.astype(jnp.uint16), jnp.bfloat16)

@@ -215,7 +215,7 @@ def _match(out, val, node, gm, spec, ctx):
     out = jnp.asarray(out)
     want = dtypes.to_jax(val.dtype)
     if out.dtype != want:
-        out = out.astype(want)
+        out = dtypes.convert(out, want, ctx.platform if ctx is not None else None)
     shape = tuple(val.shape)
     if all(isinstance(s, int) for s in shape) and tuple(out.shape) != shape:
         raise _error(

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from torchtpu.compiler import dtypes
 from torchtpu.compiler.registry import op
 
 prims = torch.ops.prims
@@ -10,4 +11,4 @@ prims = torch.ops.prims
 
 @op(prims.convert_element_type.default)
 def _convert_element_type(ctx, x, dtype):
-    return x.astype(ctx.out_dtype)
+    return dtypes.convert(x, ctx.out_dtype, ctx.platform)

@@ -10,6 +10,7 @@ from jax import lax
 import numpy as np
 import torch
 
+from torchtpu.compiler import dtypes
 from torchtpu.compiler.registry import op
 from torchtpu.kernels import ops as _ops  # noqa: F401  (defines torch.ops.torchtpu.window)
 
@@ -71,7 +72,7 @@ def _identity(ctx, x, *, memory_format=None):
 @op(aten._to_copy.default)
 def _to_copy(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
-    return x.astype(ctx.out_dtype)
+    return dtypes.convert(x, ctx.out_dtype, ctx.platform)
 
 
 @op(aten.copy.default)
