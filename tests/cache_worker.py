@@ -19,7 +19,7 @@ def main(target: str, mode: str = "first-calls", folder: str | None = None) -> N
     import torch._dynamo
 
     import torchtpu
-    from torchtpu.cache import prewarm
+    from torchtpu.cli import prewarm
     from torchtpu.cache.warn import CacheWarning
 
     model, input_sets = prewarm.load_target(target)

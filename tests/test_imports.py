@@ -70,6 +70,59 @@ def test_no_import_circles():
     assert _cycles(graph) == []
 
 
+# The layers, bottom to top (docs/DECISIONS.md 77): a module imports modules of its own layer or
+# below only, at the top of its file or inside a function. The most specific name wins.
+LAYERS = [
+    ["torchtpu.options", "torchtpu.events", "torchtpu.counters", "torchtpu.paths", "torchtpu.fsutil",
+     "torchtpu.layout", "torchtpu.plans", "torchtpu.explain", "torchtpu.eager", "torchtpu.compiler.dtypes",
+     "torchtpu.compiler.spec", "torchtpu.kernels.ops"],  # core: data, paths, events
+    ["torchtpu.compiler.", "torchtpu.kernels"],  # lowering: registry, rules, lower, padding, checks
+    ["torchtpu.passes"],  # FX -> FX rewrites and analyses
+    ["torchtpu.runtime"],  # platforms, executables, transfers, the bucketed and fused runners
+    ["torchtpu.spmd"],
+    ["torchtpu.cache"],  # key, store, tiers
+    ["torchtpu.compiler", "torchtpu.compiler.driver", "torchtpu.compiler.export"],  # the drivers
+    ["torchtpu.precompile"],
+    ["torchtpu.backend", "torchtpu.recompile_limit", "torchtpu.device", "torchtpu.autoload"],  # the ways in
+    ["torchtpu.inspect", "torchtpu.cli"],  # what users type and read
+    ["torchtpu"],
+]
+
+
+def _layer(module: str) -> int:
+    best, found = -1, None
+    for layer, names in enumerate(LAYERS):
+        for name in names:
+            hit = module == name or module.startswith(name if name.endswith(".") else name + ".")
+            if hit and len(name) > best:
+                best, found = len(name), layer
+    return found
+
+
+def _every_import() -> dict[str, set[str]]:
+    """Module -> the torchtpu modules it imports anywhere in its file (functions included)."""
+    names = {".".join(p.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in ROOT.rglob("*.py")}
+    out = {}
+    for name, path in names.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torchtpu"):
+                deps.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module
+                            for a in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith("torchtpu"))
+        out[name] = deps
+    return out
+
+
+def test_imports_run_one_way_down_the_layers():
+    graph = _every_import()
+    assert all(_layer(m) is not None for m in graph), [m for m in graph if _layer(m) is None]
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if _layer(d) > _layer(m))
+    assert upward == []
+
+
 def test_the_cycle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

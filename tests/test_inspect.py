@@ -16,7 +16,7 @@ import torchtpu
 import torchtpu.inspect
 from torchtpu import events
 from torchtpu.inspect.cli import add_inspect_parser
-from torchtpu.inspect.explain import category, explain
+from torchtpu.explain import category, explain
 
 from helpers import compile_tpu
 

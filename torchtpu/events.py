@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 
 from torchtpu import paths
+from torchtpu.explain import explain, frame_history
 
 _lock = threading.Lock()
 _events: list[dict] = []
@@ -150,8 +151,6 @@ def _maybe_warn(co_name, co_filename, co_firstlineno) -> None:
     frame = f"{co_name} ({co_filename}:{co_firstlineno})"
     if frame in _warned_frames:
         return
-    from torchtpu.inspect.explain import explain, frame_history
-
     with _lock:
         evs = list(_events)
     mine = [e for e in evs if e["kind"] == "dynamo" and e.get("frame") == frame]

@@ -88,9 +88,6 @@ class Options:
 
 def _parse_spmd(mesh, tp_plan):
     """Validates mesh and tp_plan together (a plan needs a mesh); see torchtpu/spmd."""
-    from torchtpu.spmd.mesh import parse_mesh
-    from torchtpu.spmd.plan import parse_plan
-
     mesh, tp_plan = parse_mesh(mesh), parse_plan(tp_plan)
     if tp_plan is not None and mesh is None:
         raise ValueError("torchtpu: option tp_plan needs a mesh, e.g. options={'mesh': {'tp': 4}, 'tp_plan': ...}")
@@ -111,3 +108,59 @@ def _parse_bucketing(value):
             return {"sizes": tuple(sorted(set(arg)))}
     raise ValueError(f"torchtpu: option bucketing={value!r}; use 'pow2', 'off', {{'multiple': M}}, "
                      "{'sizes': [...]} or {'pow2': MIN}")
+
+
+# --- the SPMD options (torchtpu/spmd builds the mesh and the shardings from them) ---------------
+
+AXES = ("dp", "tp")  # data parallel (batch dim of inputs), tensor parallel (the tp_plan's axis)
+
+
+def parse_mesh(value) -> tuple[tuple[str, int], ...] | None:
+    """Validates the `mesh` option and normalises it to ((axis, size), ...) in AXES order.
+
+    Args:
+        value: None, or a dict {"dp": N, "tp": M} (either axis may be left out; one size may
+            be -1: the devices left over by the other axis).
+
+    Returns:
+        None, or a tuple of (axis, size) pairs (hashable, for Options and the cache key).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"torchtpu: option mesh={value!r}; use a dict such as {{'dp': 2, 'tp': 4}}")
+    unknown = sorted(set(value) - set(AXES))
+    if unknown:
+        raise ValueError(f"torchtpu: option mesh has unknown axis {unknown}; axes are {list(AXES)} "
+                         "(dp shards the batch dimension of inputs, tp shards parameters by tp_plan)")
+    for axis, size in value.items():
+        if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
+            raise ValueError(f"torchtpu: option mesh[{axis!r}]={size!r}; use a positive int (or -1 for the rest)")
+    if sum(size == -1 for size in value.values()) > 1:
+        raise ValueError(f"torchtpu: option mesh={value!r}: at most one axis may be -1")
+    return tuple((axis, value[axis]) for axis in AXES if axis in value)
+
+
+STYLES = ("colwise", "rowwise", "replicate", "sequence")
+
+
+def parse_plan(value) -> str | tuple[tuple[str, str], ...] | None:
+    """Validates the `tp_plan` option.
+
+    Args:
+        value: None, "auto", or a dict {pattern: style} with styles from STYLES.
+
+    Returns:
+        None, "auto", or ((pattern, style), ...) sorted by pattern (hashable, for the cache key).
+    """
+    if value is None or value == "auto":
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"torchtpu: option tp_plan={value!r}; use 'auto' or a dict {{pattern: style}} "
+                         f"with styles {list(STYLES)}")
+    for pattern, style in value.items():
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"torchtpu: tp_plan pattern {pattern!r} must be a non-empty string")
+        if style not in STYLES:
+            raise ValueError(f"torchtpu: tp_plan[{pattern!r}]={style!r}; styles are {list(STYLES)}")
+    return tuple(sorted(value.items()))

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from torchtpu import counters, events
+from torchtpu.explain import SIZE_CATEGORIES, category, explain, frame_history
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +86,6 @@ def arm_on_first_call(last: LastCompile, compiled: Callable) -> Callable:
 def _arm(last: LastCompile) -> None:
     from torch._C._dynamo.eval_frame import _load_precompile_entry
     from torch._dynamo.guards import GuardManagerWrapper
-
-    from torchtpu.inspect.explain import SIZE_CATEGORIES, category, explain, frame_history
 
     evs = events.events()
     this = next((e for e in reversed(evs) if e.get("kind") == "dynamo" and e.get("run") == events.RUN

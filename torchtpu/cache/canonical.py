@@ -13,7 +13,7 @@ import math
 import torch
 import torch.fx
 
-from torchtpu.passes.index_checks import CHECK
+from torchtpu.plans import CHECK
 
 
 class Unkeyable(Exception):

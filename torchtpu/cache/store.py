@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torchtpu.cache import entry as entries
 from torchtpu.cache.entry import CorruptEntry, Entry
-from torchtpu.cache.fsutil import atomic_write, locked, tree_bytes
+from torchtpu.fsutil import atomic_write, locked, tree_bytes
 
 DEFAULT_MAX_BYTES = 10 * 2**30
 

@@ -15,9 +15,7 @@ import jax.numpy as jnp
 import torch
 
 from torchtpu.compiler.errors import user_source_line
-from torchtpu.passes.bucketing import LAYOUT
-from torchtpu.passes.index_checks import CHECK
-from torchtpu.passes.pad_safety import evaluate
+from torchtpu.plans import CHECK, LAYOUT, evaluate
 
 OFF_HINT = 'checked inside the compiled program; options={"check_indices": False} turns the checks off'
 

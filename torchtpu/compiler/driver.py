@@ -13,8 +13,8 @@ from torchtpu.compiler import dump
 from torchtpu.compiler.lower import to_jax_program
 from torchtpu.compiler.spec import describe, is_static, spec_of
 from torchtpu.options import Options
-from torchtpu.passes import bucketing, defer_and_fuse, run_passes
-from torchtpu.runtime import fused, target as targets
+from torchtpu.passes import defer_and_fuse, run_passes
+from torchtpu.runtime import bucketed, fused, target as targets
 from torchtpu.runtime.executable import CompiledGraph, Executable
 
 _graph_ids = itertools.count()
@@ -71,7 +71,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
         return exe
 
     runner = CompiledGraph(build, name, resident, gm)
-    runner = bucketing.wrap(runner, gm, options)          # symbolic sizes: pad to buckets, slice back
+    runner = bucketed.wrap(runner, gm, options)           # the pass's bucket plan: pad to buckets, slice back
     if is_static(example_inputs):
         with unset_fake_temporarily():  # AOTAutograd calls us under its fake mode
             runner.fix_signature(spec_of(example_inputs))

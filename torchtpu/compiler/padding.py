@@ -1,4 +1,4 @@
-"""Masking at lowering time for bucketed programs (see passes/pad_safety.py).
+"""Masking at lowering time for bucketed programs (see passes/pad_safety.py; the plan's data is torchtpu/plans.py).
 
 A bucketed program knows each bucketed symbol twice: its bucket value (a static int, the
 program's shapes) and its true value (an element of the `torchtpu_true_sizes` input). For a
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from jax import lax
 import torch
 
-from torchtpu.passes import bucketing, pad_safety
-from torchtpu.passes.pad_safety import evaluate
+from torchtpu import plans
+from torchtpu.plans import evaluate
 
 aten = torch.ops.aten
 
@@ -30,10 +30,10 @@ class Padding:
     @classmethod
     def bind(cls, gm, spec, env) -> "Padding | None":
         """The Padding of a bucketed graph being lowered for `spec` (None when not bucketed)."""
-        plan = gm.meta.get(bucketing.PLAN)
-        if not isinstance(plan, bucketing.BucketPlan):
+        plan = gm.meta.get(plans.PLAN)
+        if not isinstance(plan, plans.BucketPlan):
             return None
-        node = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.meta.get(bucketing.TRUE_SIZES))
+        node = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.meta.get(plans.TRUE_SIZES))
         sizes = env[node]
         bucket = {s: (spec[i] if d is None else spec[i].shape[d]) for s, (i, d) in zip(plan.symbols, plan.sources)}
         true = {s: sizes[k] for k, s in enumerate(plan.symbols)}
@@ -60,7 +60,7 @@ class Padding:
 
     # --- the hooks lower_node calls ------------------------------------------------------------
     def before(self, node, args, kwargs):
-        spec = node.meta.get(bucketing.MASK)
+        spec = node.meta.get(plans.MASK)
         if spec is None:
             return args, kwargs
         args = list(args)
@@ -90,7 +90,7 @@ class Padding:
         along a padded dim (mask "cat") the plain cat, then each piece after a padded one
         written again at the true end of the pieces before it (in order, so each piece's
         padding is overwritten by the next piece's real positions)."""
-        spec = node.meta.get(bucketing.MASK)
+        spec = node.meta.get(plans.MASK)
         if spec is None or spec.after not in ("from_end", "cat"):
             return rule
         if spec.after == "cat":
@@ -139,7 +139,7 @@ class Padding:
         return indices
 
     def after(self, node, args, kwargs, out):
-        spec = node.meta.get(bucketing.MASK)
+        spec = node.meta.get(plans.MASK)
         if spec is None or spec.after in ("", "keys", "from_end", "cat"):
             return out
         if spec.after == "rescale":
@@ -149,12 +149,12 @@ class Padding:
 
     def _var(self, node, x, spec):
         """Variance (and mean) over a padded dim, from the zero-masked argument."""
-        dims = pad_safety._dims_of(pad_safety._schema_arg(node, "dim", None), x.ndim)
-        keepdim = bool(pad_safety._schema_arg(node, "keepdim", False))
+        dims = plans.dims_of(plans.schema_arg(node, "dim", None), x.ndim)
+        keepdim = bool(plans.schema_arg(node, "keepdim", False))
         if node.target is aten.var.dim:
-            correction = 1 if pad_safety._schema_arg(node, "unbiased", True) in (None, True) else 0
+            correction = 1 if plans.schema_arg(node, "unbiased", True) in (None, True) else 0
         else:
-            correction = pad_safety._schema_arg(node, "correction", None)
+            correction = plans.schema_arg(node, "correction", None)
             correction = 1 if correction is None else correction
         padded = {d for d, _ in spec.dims}
         n = self.count(spec.dims, self.true) * math.prod(x.shape[d] for d in dims if d not in padded)
@@ -179,13 +179,13 @@ def _is_bucketed(factor, true: dict) -> bool:
 
 
 def _fill(kind, dtype):
-    if kind == pad_safety.ZERO:
+    if kind == plans.ZERO:
         return jnp.zeros((), dtype)
-    if kind == pad_safety.ONE:
+    if kind == plans.ONE:
         return jnp.ones((), dtype)
-    if kind in (pad_safety.FALSE, pad_safety.TRUE):
-        return jnp.asarray(kind == pad_safety.TRUE, dtype)
-    low = kind == pad_safety.NEG_INF
+    if kind in (plans.FALSE, plans.TRUE):
+        return jnp.asarray(kind == plans.TRUE, dtype)
+    low = kind == plans.NEG_INF
     if dtype == jnp.bool_:
         return jnp.asarray(not low, dtype)
     if jnp.issubdtype(dtype, jnp.integer):

@@ -41,7 +41,7 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from torchtpu import counters
+from torchtpu import counters, plans
 from torchtpu.compiler import checks
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.compiler.errors import LoweringError
@@ -50,8 +50,7 @@ from torchtpu.device import module, transfer
 from torchtpu.device.call import SCALAR, TENSOR, OpCall, schema_of, user_frame
 from torchtpu.device.storage import DeviceStorage, Padded, contiguous_stride, wrap
 from torchtpu.options import BUCKETING_MIN, Options
-from torchtpu.passes import bucketing
-from torchtpu.passes.pad_safety import evaluate, expr_of
+from torchtpu.plans import evaluate, expr_of
 from torchtpu.runtime.bucketed import BucketedGraph
 
 OPTIONS = Options(fallback="error", bucketing="pow2")
@@ -69,7 +68,7 @@ def enabled() -> bool:
 
 
 def bucket(n: int) -> int:
-    return bucketing.bucket_for(n, "pow2", least=BUCKETING_MIN)
+    return plans.bucket_for(n, "pow2", least=BUCKETING_MIN)
 
 
 def sizes_in(b: int) -> range:
@@ -393,7 +392,7 @@ def build(call: OpCall, bcall: BucketedCall) -> Program:
     except LoweringError as e:
         raise Refused(f"lowering: {str(e).splitlines()[0]}") from None
     if not isinstance(runner, BucketedGraph):
-        planned = runner.gm.meta.get(bucketing.PLAN) if runner.gm is not None else None
+        planned = runner.gm.meta.get(plans.PLAN) if runner.gm is not None else None
         raise Refused(getattr(planned, "reason", "the graph has no symbolic size"))
     spec = _spec(inputs, bcall, parts)
     exe = runner.runner.executable_for(spec)

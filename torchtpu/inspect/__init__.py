@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from torchtpu import events as _events
-from torchtpu.inspect.explain import explain
+from torchtpu.explain import explain
 from torchtpu.inspect.render import html_report, text
 from torchtpu.inspect.summary import summarize
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import html
 
-from torchtpu.inspect.explain import frame_of
+from torchtpu.explain import frame_of
 
 
 def text(summary: dict) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import collections
 import os
 
-from torchtpu.inspect.explain import category, explain, frame_of
+from torchtpu.explain import category, explain, frame_of
 
 
 _EAGER_GRAPHS = (("defer_", "eager device: defer-mode flushes"), ("eager_", "eager device: strict ops"))

@@ -21,6 +21,7 @@ import contextlib
 import jax
 
 from torchtpu import events
+from torchtpu.plans import MASK
 
 MOSAIC, INTERPRET, XLA = "mosaic", "interpret", "xla"
 
@@ -38,7 +39,7 @@ def choose(ctx, kernel: str, why_not: str | None = None) -> str:
         choice, why = XLA, "option pallas='off'"
     elif why_not is not None:
         choice, why = XLA, why_not
-    elif kernel != "flash_attention" and ctx.node.meta.get(_mask_key()) is not None:
+    elif kernel != "flash_attention" and ctx.node.meta.get(MASK) is not None:
         choice, why = XLA, "bucket padding inside the normalised dim"  # the kernel would read it
     elif mode == "interpret":
         choice, why = INTERPRET, "option pallas='interpret'"
@@ -64,11 +65,3 @@ def running(choice: str):
         interpret = contextlib.nullcontext()
     with jax.enable_x64(False), interpret:
         yield
-
-
-def _mask_key() -> str:
-    """The node meta key of a bucketed (padded) value. Imported here, not at the top: loading a
-    cached CPU executable imports `torchtpu.kernels.aten_cpu`, and with it this package, which
-    must not pull in Pallas (≈0.2 s) or the compiler's passes."""
-    from torchtpu.passes.bucketing import MASK
-    return MASK

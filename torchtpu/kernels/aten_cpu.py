@@ -23,7 +23,8 @@ import sys
 import threading
 from pathlib import Path
 
-from torchtpu.paths import user_cache_dir
+from torchtpu.fsutil import locked
+from torchtpu.paths import untrusted, user_cache_dir
 
 TARGET = "torchtpu_aten_convolution"
 BACKWARD_TARGET = "torchtpu_aten_convolution_backward"
@@ -57,13 +58,11 @@ def build() -> Path:
     import jax.ffi
     import torch
 
-    from torchtpu.cache.fsutil import locked
-    from torchtpu.cache.tiers import trusted
-
     path = library_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not trusted(path.parent):
-        raise OSError(f"{path.parent} is writable by other users; a library there is not loaded")
+    why = untrusted(path.parent)
+    if why is not None:
+        raise OSError(f"{why}; a library there is not loaded (it is machine code this process would run)")
     with locked(path.parent / ".lock"):
         if path.exists():
             return path

@@ -4,86 +4,18 @@ The pass picks the symbols to bucket (those that size a tensor input), runs the 
 analysis, and — when every op is harmless or maskable — marks the masked nodes
 (`meta["torchtpu_mask"]`), appends one placeholder, `torchtpu_true_sizes` (int64[k]: the
 true value of each bucketed symbol, so masks and divisors use them at run time), and leaves a
-BucketPlan in `gm.meta["torchtpu_bucketing"]`. `wrap` then puts a BucketedGraph (pads inputs,
-slices outputs) in front of the driver's runner. When bucketing is off or unsafe the plan is
-a Refusal with the reason, and the graph is compiled per exact size as before.
+BucketPlan in `gm.meta["torchtpu_bucketing"]` (torchtpu/plans.py), which the driver hands to the
+runtime (runtime/bucketed.py: a BucketedGraph pads inputs and slices outputs). When bucketing
+is off or unsafe the plan is a Refusal with the reason, and the graph is compiled per exact
+size as before.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
 from torchtpu.options import BUCKETING_MIN, BUCKETING_MIN_LAST
 from torchtpu.passes import pad_safety
-
-PLAN = "torchtpu_bucketing"
-TRUE_SIZES = "torchtpu_true_sizes"
-MASK = "torchtpu_mask"
-LAYOUT = "torchtpu_layout"  # a node's padded layout (pad_safety.Layout): which of its entries are real
-
-
-@dataclasses.dataclass
-class Refusal:
-    """Why this graph runs per exact size."""
-
-    reason: str
-    decisions: list = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class BucketPlan:
-    """Everything the runtime needs to pad inputs and slice outputs of one graph.
-
-    Attributes:
-        symbols: the bucketed symbols, in the order of the true-sizes input.
-        sources: per symbol, (placeholder index, dim) whose size is that symbol.
-        names: per symbol, Dynamo's name for it (e.g. "L['x'].size()[1]").
-        upper: per symbol, the largest value Dynamo allows (None: unbounded).
-        least: per symbol, the smallest pow2 bucket (BUCKETING_MIN_LAST when it sizes an input's last dim).
-        inputs: per placeholder: a tuple of dim expressions (tensor), an expression (SymInt), or None.
-        outputs: per flat output: ("tensor", layout), ("size", expr) or ("value", None).
-        policy: the bucketing option.
-        decisions: the pad-safety decisions that were not plain "harmless".
-        counts: verdict -> number of ops.
-    """
-
-    symbols: list
-    sources: list
-    names: list
-    upper: list
-    least: list
-    inputs: list
-    outputs: list
-    policy: object
-    decisions: list
-    counts: dict
-
-
-def bucket_for(n: int, policy, upper: int | None = None, least: int = BUCKETING_MIN) -> int:
-    """The size a program is compiled for when the true size is `n`.
-
-    `least` is the smallest bucket of the default "pow2" policy; {"pow2": MIN} overrides it.
-    """
-    if policy == "off":
-        return n
-    if policy == "pow2" or "pow2" in policy:
-        least = least if policy == "pow2" else policy["pow2"]
-        b = max(least, 1 << max(n - 1, 0).bit_length())
-    elif "multiple" in policy:
-        m = policy["multiple"]
-        b = -(-n // m) * m
-    else:
-        b = next((s for s in policy["sizes"] if s >= n), n)
-    if upper is not None:
-        b = min(b, upper)
-    return max(b, n)
-
-
-def buckets_for(true: list[int], plan: "BucketPlan") -> list[int]:
-    """The bucket of each symbol, for its true size."""
-    return [bucket_for(n, plan.policy, up, lo) for n, up, lo in zip(true, plan.upper, plan.least)]
-
+from torchtpu.plans import LAYOUT, MASK, PLAN, TRUE_SIZES, BucketPlan, Refusal, bucket_for, buckets_for  # noqa: F401
 
 def paired_symbols(gm: torch.fx.GraphModule, symbols: set) -> list[set]:
     """Classes of symbols whose dims meet in some op: at the same position from the right in
@@ -254,18 +186,4 @@ def _output_kind(val, layout):
     return ("value", None)
 
 
-def is_padded_expr(expr, plan: BucketPlan) -> bool:
-    return bool(getattr(expr, "free_symbols", set()) & set(plan.symbols))
-
-
-def wrap(runner, gm: torch.fx.GraphModule, options=None):
-    """Puts a BucketedGraph in front of `runner` when the bucketing pass planned one.
-
-    Always records what was decided for this graph (bucketed, or why not) as an event.
-    """
-    from torchtpu.runtime.bucketed import wrap as _wrap
-
-    return _wrap(runner, gm, options)
-
-
-__all__ = ["BucketPlan", "Refusal", "bucket_for", "buckets_for", "bucket_shapes", "wrap"]
+__all__ = ["BucketPlan", "Refusal", "bucket_for", "buckets_for", "bucket_shapes", "paired_symbols"]

@@ -17,9 +17,10 @@ import dataclasses
 
 import torch
 
+from torchtpu.plans import CHECK
+
 aten = torch.ops.aten
 
-CHECK = "torchtpu_index_check"
 
 
 @dataclasses.dataclass(frozen=True)

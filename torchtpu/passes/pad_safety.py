@@ -30,42 +30,15 @@ import operator
 import sympy
 import torch
 
+from torchtpu.plans import (FALSE, NEG_INF, ONE, POS_INF, TRUE, ZERO, Mask, dims_of, evaluate, expr_of,  # noqa: F401
+                            schema_arg)
+
 aten = torch.ops.aten
 prims = torch.ops.prims
 
 Factors = tuple  # tuple[sympy.Expr, ...]
 Layout = tuple  # tuple[Factors, ...], one entry per dim
 
-ZERO, ONE, NEG_INF, POS_INF, FALSE, TRUE = "zero", "one", "-inf", "+inf", "false", "true"
-
-
-@dataclasses.dataclass(frozen=True)
-class Mask:
-    """What the lowering of one node must do with padding.
-
-    Attributes:
-        premask: (argument index, dim, factors, fill): set padded positions of that argument's
-            dim to `fill` before the rule runs.
-        after: "" | "rescale" (mean: multiply by padded count / true count over `dims`) |
-            "var" (recompute variance over the masked argument) | "keys" (attention: mask keys) |
-            "from_end" (a slice or select whose start is counted from the end of a padded dim:
-            taken at true size + start, compiler/padding.py) | "cat" (each piece written at the
-            true end of the pieces before it).
-        dims: for "rescale"/"var": (dim, factors) of argument 0 that were reduced; for
-            "from_end": (dim, factors) of the sliced dim; for "cat": (dim, factors) per piece.
-        true_args: (argument index, expr): a size used as a value (a Tensor argument) takes
-            its true value, not the bucket's.
-        indices: for index_put and index: (position in the index list, kind, factors): "drop"
-            sends the index tensor's padded entries (its dim `factors` is padded) out of bounds,
-            where the scatter drops them; "wrap" makes negative positions into a padded operand
-            dim (of these factors) count from its true end.
-    """
-
-    premask: tuple = ()
-    after: str = ""
-    dims: tuple = ()
-    true_args: tuple = ()
-    indices: tuple = ()
 
 
 @dataclasses.dataclass
@@ -97,12 +70,6 @@ class Unsafe(Exception):
     pass
 
 
-def expr_of(size) -> sympy.Expr:
-    if isinstance(size, (torch.SymInt, torch.SymFloat)):
-        return size.node.expr
-    return sympy.Integer(int(size))
-
-
 def analyze(gm: torch.fx.GraphModule, symbols: set) -> Analysis:
     """Propagates padding through `gm` when `symbols` are bucketed; stops at the first unsafe op."""
     a = _Analyzer(symbols)
@@ -125,23 +92,6 @@ def _op_name(target) -> str:
 
 def _equal(a, b) -> bool:
     return a == b or sympy.expand(a - b) == 0
-
-
-def _schema_arg(node, name, default=None):
-    schema = node.target._schema
-    for i, arg in enumerate(schema.arguments):
-        if arg.name == name:
-            if arg.kwarg_only or i >= len(node.args):
-                return node.kwargs.get(name, default)
-            return node.args[i]
-    return default
-
-
-def _dims_of(dim, ndim) -> list[int]:
-    if dim is None or (isinstance(dim, (list, tuple)) and not dim):
-        return list(range(ndim))
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    return [d % max(ndim, 1) for d in dims]
 
 
 # A slice end at or past this runs to the end of the dim (Dynamo writes sys.maxsize).
@@ -434,7 +384,7 @@ class _Analyzer:
 
     def squeeze(self, node):
         src = self.layouts[node.args[0]]
-        dims = _dims_of(node.args[1] if len(node.args) > 1 else None, len(src))
+        dims = dims_of(node.args[1] if len(node.args) > 1 else None, len(src))
         drop = {d for d in dims if sympy.Mul(*src[d]) == 1}
         self.layouts[node] = tuple(f for d, f in enumerate(src) if d not in drop)
         return "harmless", "squeeze"
@@ -456,8 +406,8 @@ class _Analyzer:
         from the true end (mask "from_end"): such a slice only grows with the size, so at the
         bucket's size it holds every real position, and never has to be clamped to fit."""
         src = self.layouts[node.args[0]]
-        dim = _schema_arg(node, "dim", 0) % len(src)
-        start, end = _schema_arg(node, "start", None), _schema_arg(node, "end", None)
+        dim = schema_arg(node, "dim", 0) % len(src)
+        start, end = schema_arg(node, "start", None), schema_arg(node, "end", None)
         out = list(src)
         e = expr_of(node.meta["val"].shape[dim])
         if not self.padded_dim(src[dim]):
@@ -488,7 +438,7 @@ class _Analyzer:
         pieces of static size followed by the one rest piece (real positions stay in front of
         each, the padding all lands in the last)."""
         src, vals = self.source(node), node.meta["val"]
-        dim = _schema_arg(node, "dim", 0) % len(src)
+        dim = schema_arg(node, "dim", 0) % len(src)
         unbind = node.target is aten.unbind.int
         pieces = []
         for v in vals:
@@ -522,7 +472,7 @@ class _Analyzer:
         """topk/sort along an unpadded dim: each row on its own, the other dims keep their layout.
         Along a padded dim the padding would compete with real entries."""
         src = self.source(node)
-        dim = _schema_arg(node, "dim", -1) % max(len(src), 1)
+        dim = schema_arg(node, "dim", -1) % max(len(src), 1)
         if src and self.padded_dim(src[dim]):
             raise Unsafe(f"{node.target} along the padded dim {dim}: padded entries would be ranked "
                          "with real ones (safe along an unpadded dim; over padded rows it would need the "
@@ -540,13 +490,13 @@ class _Analyzer:
         """base with src written into a slice: harmless along an unpadded dim (padded dims of
         src meet the same padded dims of base) or over the whole of a padded dim."""
         base = self.layouts[node.args[0]]
-        dim = _schema_arg(node, "dim", 0) % len(base)
+        dim = schema_arg(node, "dim", 0) % len(base)
         if self.padded_dim(base[dim]):
-            start, end = _schema_arg(node, "start", None), _schema_arg(node, "end", None)
+            start, end = schema_arg(node, "start", None), schema_arg(node, "end", None)
             end = end.meta["val"] if isinstance(end, torch.fx.Node) else end
             whole = end is None or (isinstance(end, int) and end >= TO_END) or \
                 _equal(expr_of(end), expr_of(node.args[0].meta["val"].shape[dim]))
-            if start not in (None, 0) or _schema_arg(node, "step", 1) != 1 or not whole:
+            if start not in (None, 0) or schema_arg(node, "step", 1) != 1 or not whole:
                 raise Unsafe("slice_scatter into part of a padded dim")
         elif self.padded_dim((self.layouts.get(node.args[1]) or base)[dim]):
             raise Unsafe("slice_scatter of a padded slice into an unpadded dim")
@@ -677,8 +627,8 @@ class _Analyzer:
     def reduction(self, node):
         t = node.target
         x = self.layouts[node.args[0]]
-        dims = _dims_of(_schema_arg(node, "dim", None), len(x))
-        if t is aten.linalg_vector_norm.default and not (_schema_arg(node, "ord", 2) > 0):
+        dims = dims_of(schema_arg(node, "dim", None), len(x))
+        if t is aten.linalg_vector_norm.default and not (schema_arg(node, "ord", 2) > 0):
             if any(self.padded_dim(x[d]) for d in dims):
                 raise Unsafe("norm with ord <= 0 over a padded dim")
         reduced = tuple((d, x[d]) for d in dims if self.padded_dim(x[d]))
@@ -719,7 +669,7 @@ class _Analyzer:
             self.layouts[node] = self.inherit(node)
             return "harmless", "attention with unpadded keys"
         pre = ((1, len(k) - 2, k[-2], ZERO), (2, len(k) - 2, k[-2], ZERO))
-        causal = _schema_arg(node, "is_causal", False)
+        causal = schema_arg(node, "is_causal", False)
         if causal and _equal(sympy.Mul(*q[-2]), sympy.Mul(*k[-2])):
             return self.masked(node, Mask(pre), "causal attention: real queries never see padded keys")
         return self.masked(node, Mask(pre, "keys", ((len(k) - 2, k[-2]),)), "attention over padded keys")
@@ -733,7 +683,7 @@ class _Analyzer:
             normalized = [len(x) - 1]
         elif t is aten.native_group_norm.default:
             normalized = range(1, len(x))
-        elif t is aten._native_batch_norm_legit_no_training.default or not _schema_arg(node, "training", True):
+        elif t is aten._native_batch_norm_legit_no_training.default or not schema_arg(node, "training", True):
             normalized = ()
         else:
             normalized = [d for d in range(len(x)) if d != 1]
@@ -790,43 +740,4 @@ def describe(analysis: Analysis, limit: int = 20) -> list[dict]:
     return [d.as_dict() for d in analysis.decisions if d.verdict != "harmless"][:limit]
 
 
-__all__ = ["Analysis", "Decision", "Mask", "analyze", "expr_of", "output_layouts", "describe"]
-
-
-
-def evaluate(expr, env: dict):
-    """`expr` with symbols replaced by `env` values: Python ints or traced JAX scalars alike."""
-    if isinstance(expr, (int, float)):
-        return expr
-    if expr.is_Integer:
-        return int(expr)
-    if expr.is_Rational:
-        return float(expr)
-    if expr.is_Symbol:
-        return env[expr]
-    args = [evaluate(a, env) for a in expr.args]
-    if expr.is_Add:
-        out = args[0]
-        for a in args[1:]:
-            out = out + a
-        return out
-    if expr.is_Mul:
-        out = args[0]
-        for a in args[1:]:
-            out = out * a
-        return out
-    if expr.is_Pow and isinstance(args[1], int) and args[1] >= 0:
-        out = 1
-        for _ in range(args[1]):
-            out = out * args[0]
-        return out
-    name = type(expr).__name__
-    if name == "FloorDiv":
-        return args[0] // args[1]
-    if name in ("CleanDiv", "IntTrueDiv"):
-        return args[0] // args[1] if name == "CleanDiv" else args[0] / args[1]
-    if name in ("Mod", "PythonMod"):
-        return args[0] % args[1]
-    if name in ("Max", "Min") and all(isinstance(a, int) for a in args):
-        return max(args) if name == "Max" else min(args)
-    raise ValueError(f"cannot evaluate size expression {expr}")
+__all__ = ["Analysis", "Decision", "Mask", "analyze", "evaluate", "expr_of", "output_layouts", "describe"]

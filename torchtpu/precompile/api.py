@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from torchtpu import counters, events
-from torchtpu.cache.fsutil import atomic_write
+from torchtpu.fsutil import atomic_write
 from torchtpu.precompile import artifact as artifacts
 from torchtpu.precompile.artifact import Artifact, BadArtifact
 

@@ -12,20 +12,21 @@ import torch
 
 from torchtpu import events
 from torchtpu.compiler.dtypes import short_name
-from torchtpu.passes import bucketing
-from torchtpu.passes.pad_safety import evaluate
+from torchtpu import plans
+from torchtpu.plans import evaluate
 
 
 def wrap(runner, gm: torch.fx.GraphModule, options=None):
-    """`runner` itself for static or refused graphs, else a BucketedGraph; records which, and why."""
-    plan = gm.meta.get(bucketing.PLAN)
+    """`runner` itself for static or refused graphs, else a BucketedGraph, from the plan the
+    bucketing pass left on `gm` (torchtpu/plans.py); records which, and why."""
+    plan = gm.meta.get(plans.PLAN)
     name = getattr(runner, "name", "graph")
     cid = torch._guards.CompileContext.current_compile_id()
     common = {"graph": name, "compile_id": str(cid) if cid is not None else None}
     if plan is None:
         events.record("bucketing", status="static", **common)
         return runner
-    if isinstance(plan, bucketing.Refusal):
+    if isinstance(plan, plans.Refusal):
         events.record("bucketing", status="exact", reason=plan.reason, decisions=plan.decisions, **common)
         return runner
     events.record("bucketing", status="bucketed", symbols=dict(zip(map(str, plan.symbols), plan.names)),
@@ -41,7 +42,7 @@ class BucketedGraph:
 
     _boxed_call = True
 
-    def __init__(self, runner, plan: bucketing.BucketPlan):
+    def __init__(self, runner, plan: plans.BucketPlan):
         self.runner = runner
         self.plan = plan
         self.name = getattr(runner, "name", "graph")
@@ -50,7 +51,7 @@ class BucketedGraph:
     def __call__(self, args: list):
         plan = self.plan
         true = [int(_size_at(args, src)) for src in plan.sources]
-        bucket = bucketing.buckets_for(true, plan)
+        bucket = plans.buckets_for(true, plan)
         true_env, bucket_env = dict(zip(plan.symbols, true)), dict(zip(plan.symbols, bucket))
         for a, e in zip(args, plan.inputs):  # an int input that sizes no tensor input: not bucketed
             if e is not None and not isinstance(e, tuple) and e.is_Symbol and e not in true_env:
@@ -106,9 +107,9 @@ def bucket_name(plan, args, bucket_env) -> str:
     for a, exprs in zip(args, plan.inputs):
         if not (isinstance(exprs, tuple) and isinstance(a, torch.Tensor)):
             continue
-        if not any(bucketing.is_padded_expr(e, plan) for e in exprs):
+        if not any(plans.is_padded_expr(e, plan) for e in exprs):
             continue
-        dims = [f"{_label(e, plan)}≤{int(evaluate(e, bucket_env))}" if bucketing.is_padded_expr(e, plan)
+        dims = [f"{_label(e, plan)}≤{int(evaluate(e, bucket_env))}" if plans.is_padded_expr(e, plan)
                 else str(int(e)) for e in exprs]
         names.append(f"{short_name(a.dtype)}[{','.join(dims)}]")
     return ", ".join(dict.fromkeys(names))

@@ -6,33 +6,7 @@ import math
 import jax
 import numpy as np
 
-AXES = ("dp", "tp")  # data parallel (batch dim of inputs), tensor parallel (the tp_plan's axis)
-
-
-def parse_mesh(value) -> tuple[tuple[str, int], ...] | None:
-    """Validates the `mesh` option and normalises it to ((axis, size), ...) in AXES order.
-
-    Args:
-        value: None, or a dict {"dp": N, "tp": M} (either axis may be left out; one size may
-            be -1: the devices left over by the other axis).
-
-    Returns:
-        None, or a tuple of (axis, size) pairs (hashable, for Options and the cache key).
-    """
-    if value is None:
-        return None
-    if not isinstance(value, dict) or not value:
-        raise ValueError(f"torchtpu: option mesh={value!r}; use a dict such as {{'dp': 2, 'tp': 4}}")
-    unknown = sorted(set(value) - set(AXES))
-    if unknown:
-        raise ValueError(f"torchtpu: option mesh has unknown axis {unknown}; axes are {list(AXES)} "
-                         "(dp shards the batch dimension of inputs, tp shards parameters by tp_plan)")
-    for axis, size in value.items():
-        if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
-            raise ValueError(f"torchtpu: option mesh[{axis!r}]={size!r}; use a positive int (or -1 for the rest)")
-    if sum(size == -1 for size in value.values()) > 1:
-        raise ValueError(f"torchtpu: option mesh={value!r}: at most one axis may be -1")
-    return tuple((axis, value[axis]) for axis in AXES if axis in value)
+from torchtpu.options import AXES, parse_mesh  # noqa: F401  (the option's axes, and its parser)
 
 
 def axis_sizes(axes: tuple[tuple[str, int], ...], device_count: int) -> dict[str, int]:

@@ -22,7 +22,7 @@ import re
 import torch
 from jax.sharding import PartitionSpec as P
 
-STYLES = ("colwise", "rowwise", "replicate", "sequence")
+from torchtpu.options import STYLES, parse_plan  # noqa: F401  (the option's styles, and its parser)
 
 # Hugging Face's style names (transformers' tensor-parallel layer classes) -> ours. Their
 # variants differ in what they do with activations (gather, local views, packed weights),
@@ -36,28 +36,6 @@ _HF_STYLES = {
     "replicate": "replicate", "replicated_with_grad_allreduce": "replicate", "gather": "replicate",
     "local": "replicate", "isolated": "replicate", "ep_router": "replicate", "grouped_gemm": "replicate",
 }
-
-
-def parse_plan(value) -> str | tuple[tuple[str, str], ...] | None:
-    """Validates the `tp_plan` option.
-
-    Args:
-        value: None, "auto", or a dict {pattern: style} with styles from STYLES.
-
-    Returns:
-        None, "auto", or ((pattern, style), ...) sorted by pattern (hashable, for the cache key).
-    """
-    if value is None or value == "auto":
-        return value
-    if not isinstance(value, dict):
-        raise ValueError(f"torchtpu: option tp_plan={value!r}; use 'auto' or a dict {{pattern: style}} "
-                         f"with styles {list(STYLES)}")
-    for pattern, style in value.items():
-        if not isinstance(pattern, str) or not pattern:
-            raise ValueError(f"torchtpu: tp_plan pattern {pattern!r} must be a non-empty string")
-        if style not in STYLES:
-            raise ValueError(f"torchtpu: tp_plan[{pattern!r}]={style!r}; styles are {list(STYLES)}")
-    return tuple(sorted(value.items()))
 
 
 def auto_plan(model) -> dict[str, str]:

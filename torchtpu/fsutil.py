@@ -1,4 +1,5 @@
-"""File-system primitives for the store: atomic writes and fcntl locks."""
+"""File-system primitives: atomic writes and fcntl locks (the cache store, precompiled artifacts,
+the CPU kernel library). Imports nothing of torchtpu."""
 from __future__ import annotations
 
 import contextlib

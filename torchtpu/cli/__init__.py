@@ -1,9 +1,9 @@
-"""The `torchtpu` command."""
+"""The `torchtpu` command: `info`, `cache ...` (cache.py; `cache prewarm` is prewarm.py) and `inspect`
+(torchtpu/inspect/cli.py). It drives every layer below it, so it sits on top of them."""
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 
 def _info(args) -> int:
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_cache(sub) -> None:
-    from torchtpu.cache import commands
+    from torchtpu.cli import cache as commands
 
     cache = sub.add_parser("cache", help="the on-disk compilation cache (TORCHTPU_CACHE_DIR)",
                            description="Manage the on-disk compilation cache (TORCHTPU_CACHE_DIR).")
@@ -96,6 +96,3 @@ def main(argv=None) -> int:
 
     return args.func(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

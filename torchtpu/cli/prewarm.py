@@ -69,16 +69,16 @@ def replay(model, input_sets, out=None) -> list[dict]:
 def _call(compiled, inputs: tuple, t0: float) -> dict:
     import torch
 
-    import torchtpu
+    from torchtpu import counters
     from torchtpu.runtime.executable import NotRunnableHere
 
-    before = torchtpu.stats()
+    before = counters.stats()
     with torch.no_grad():
         try:
             compiled(*inputs)
         except NotRunnableHere:
             pass  # deviceless TPU compile: stored, not runnable here
-    after = torchtpu.stats()
+    after = counters.stats()
     delta = {k: after.get(k, 0) - before.get(k, 0)
              for k in ("xla_compiles", "memory_hits", "disk_hits", "dynamo_graphs")}
     return {"status": "compiled" if delta["xla_compiles"] else "cached", "seconds": round(time.perf_counter() - t0, 3),
@@ -173,7 +173,7 @@ def _run_parallel(target, jobs, tpu_topology, out, replay_in_order, folder) -> l
 
 def write_manifest(folder: Path, target: str, input_sets, results) -> Path:
     """folder/manifest.json: per artifact its set's index, inputs (shape and dtype) and file name."""
-    from torchtpu.cache.fsutil import atomic_write
+    from torchtpu.fsutil import atomic_write
 
     sets = [{"index": r["index"], "inputs": [_describe(x) for x in input_sets[r["index"]]],
              "file": r["artifact"]["file"]}

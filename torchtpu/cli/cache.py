@@ -133,7 +133,7 @@ def explain(args) -> int:
 
 
 def prewarm(args) -> int:
-    from torchtpu.cache import prewarm as prewarming
+    from torchtpu.cli import prewarm as prewarming
 
     if args.target == "tpu" and not args.topology:
         raise SystemExit("--target tpu needs --topology (e.g. v5e:2x2)")
