@@ -101,6 +101,23 @@ def test_wav2vec2_training_runs_on_device():
     assert_close_tree(actual, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_max_pool_propagates_a_lone_nan_in_every_window_shape(nd, dtype):
+    # One NaN in the input reaches exactly the windows that hold it, for every kernel, stride,
+    # padding, dilation and ceil_mode (XLA:CPU's own max reduce_window lost it in 2x2x2 windows)
+    torch.manual_seed(0)
+    pool = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[nd]
+    x = torch.randn((2, 3) + (9,) * nd, dtype=dtype)
+    x.view(-1)[5] = float("nan")
+    for k, s, p, d, ceil in [(2, 2, 0, 1, False), (2, 2, 1, 1, True), (3, 2, 1, 1, False), (3, 1, 1, 2, True),
+                             (2, 1, 0, 2, False)]:
+        fn = lambda t: pool(t, k, s, p, d, ceil_mode=ceil)  # noqa: E731
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.testing.assert_close(compile_tpu(fn)(x), fn(x), rtol=0, atol=0, equal_nan=True)
+
+
 def test_max_pool_indices_and_ties():
     # Ties pick the first maximum in window order; indices are flat positions in the plane.
     x = torch.tensor([[[[1.0, 3.0, 3.0, 0.0, 2.0],
@@ -114,9 +131,9 @@ def test_max_pool_indices_and_ties():
 
 
 @pytest.mark.parametrize("name", ["max_pool2d", "max_pool2d_ceil_dilated", "max_pool3d"])
-def test_max_pool_values_alone_are_one_reduce_window(name, tmp_path):
-    # With no reader of the indices (inference), a max pool is one reduce_window: equal to
-    # eager, NaN and -inf included, and with no gather of windows left in the program.
+def test_max_pool_values_alone_are_reduce_windows(name, tmp_path):
+    # With no reader of the indices (inference), a max pool is reduce_windows (on the CPU one per
+    # spatial dim): equal to eager, NaN and -inf included, and with no gather of windows left.
     torch.manual_seed(0)
     make, shape = CASES[name]
     pool = make()
