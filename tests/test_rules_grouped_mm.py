@@ -241,3 +241,42 @@ def test_rule_named_for_another_library_registers_once():
     assert registry.lookup(torch.ops.transformers.grouped_mm_fallback.default) is not None
     with pytest.raises(registry.DuplicateRuleError, match="grouped_mm_fallback"):
         registry.op("transformers.grouped_mm_fallback.default")(lambda ctx, *args: None)
+
+
+_ATEN = pytest.mark.skipif(not __import__("torchtpu.kernels.aten_cpu", fromlist=["x"]).available(),
+                           reason="ATen's CPU kernels could not be built here (no C++ compiler): XLA's ragged dot is used")
+
+
+def _programs(fn, inputs, tmp_path, **options) -> tuple:
+    """fn compiled with these options: its result and its StableHLO text."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = compile_tpu(fn, options={"dump_dir": str(tmp_path), **options})(*inputs)
+    return out, "\n".join(p.read_text() for p in tmp_path.glob("*.stablehlo.mlir"))
+
+
+@_ATEN
+@pytest.mark.parametrize("layout", ["rows", "columns", "contraction"])
+def test_cpu_grouped_mm_calls_aten_and_equals_eager(layout, tmp_path):
+    """On the CPU the products are ATen's own `_grouped_mm` (a custom call: XLA's ragged dot
+    computes every group for every row), so they equal eager's bit for bit; with the ATen
+    kernels off they are XLA's ragged dot, equal within rounding."""
+    a, b, offs = _operands(layout, torch.bfloat16)
+    fn = lambda a, b, offs: torch._grouped_mm(a, b, offs=offs)  # noqa: E731
+    expected = fn(a, b, offs)
+    got, text = _programs(fn, (a, b, offs), tmp_path / "on")
+    off, text_off = _programs(fn, (a, b, offs), tmp_path / "off", aten_kernels="off")
+    assert "torchtpu_aten_grouped_mm" in text and "ragged_dot" not in text
+    assert "torchtpu_aten_grouped_mm" not in text_off
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(off, expected, **BF16)
+
+
+@_ATEN
+def test_cpu_grouped_mm_fallback_in_float32_calls_aten(tmp_path):
+    """transformers' float32 route (its grouped_mm_fallback op) takes the same custom call."""
+    x, w, offs = _operands("rows", torch.float32)
+    fn = lambda x, w, offs: torch.ops.transformers.grouped_mm_fallback(x, w, offs)  # noqa: E731
+    got, text = _programs(fn, (x, w, offs), tmp_path)
+    assert "torchtpu_aten_grouped_mm" in text
+    torch.testing.assert_close(got, fn(x, w, offs), rtol=1e-5, atol=1e-5)

@@ -1,7 +1,7 @@
 // XLA FFI handlers that run ATen's CPU kernels (oneDNN) inside an XLA:CPU program.
 //
-// Built and registered by torchtpu/kernels/aten_cpu.py; the convolution rule calls them on the
-// CPU platform only (docs/DECISIONS.md). Operands and results are XLA buffers, row-major or (with
+// Built and registered by torchtpu/kernels/aten_cpu.py; the convolution and grouped-matmul rules
+// call them on the CPU platform only (docs/DECISIONS.md). Operands and results are XLA buffers, row-major or (with
 // the `channels_last` attribute) channels-minor, wrapped as ATen tensors of that memory format
 // without copying; the result is copied into XLA's output buffer, or (float32 2d) computed there.
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/_grouped_mm.h>
 #include <c10/core/InferenceMode.h>
 
 #include "xla/ffi/api/ffi.h"
@@ -143,7 +144,43 @@ ffi::Error ConvolutionBackward(ffi::AnyBuffer grad, ffi::AnyBuffer x, ffi::AnyBu
   return ffi::Error::Success();
 }
 
+// torch._grouped_mm(a, b, offs) (MoE experts): each group's rows, columns or contraction range
+// multiplied with its own matrix, so no group pays for the others (XLA:CPU's ragged dot is a dense
+// product masked per group: G times the work). Whatever lies past offs[-1] comes out zero.
+ffi::Error GroupedMm(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Buffer<ffi::S32> offs, ffi::Result<ffi::AnyBuffer> out) {
+  at::ScalarType type;
+  if (!ScalarType(a.element_type(), &type) || b.element_type() != a.element_type() ||
+      out->element_type() != a.element_type()) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_grouped_mm: unsupported dtype");
+  }
+  try {
+    at::internal::lazy_init_num_threads();
+    c10::InferenceMode guard;
+    at::Tensor ta = Wrap(a.untyped_data(), a.dimensions(), type, false);
+    at::Tensor tb = Wrap(b.untyped_data(), b.dimensions(), type, false);
+    at::Tensor to = Wrap(offs.typed_data(), offs.dimensions(), at::kInt, false);
+    at::Tensor result = Wrap(out->untyped_data(), out->dimensions(), type, false);
+    int64_t end = offs.element_count() ? offs.typed_data()[offs.element_count() - 1] : 0;
+    result.copy_(at::_grouped_mm(ta, tb, to));
+    if (ta.dim() == 2 && tb.dim() == 3 && end < result.size(0)) {
+      result.narrow(0, end, result.size(0) - end).zero_();  // rows in no group
+    } else if (ta.dim() == 3 && tb.dim() == 2 && end < result.size(1)) {
+      result.narrow(1, end, result.size(1) - end).zero_();  // columns in no group
+    }
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_grouped_mm: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenGroupedMm, GroupedMm,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolutionBackward, ConvolutionBackward,
                               ffi::Ffi::Bind()

@@ -1,12 +1,15 @@
-"""ATen's CPU convolution as an XLA custom call: oneDNN's kernels inside an XLA:CPU program.
+"""ATen's CPU convolution and grouped matmul as XLA custom calls: oneDNN's kernels inside an
+XLA:CPU program.
 
 XLA's CPU convolutions are slow next to oneDNN's (docs/DECISIONS.md 38), and Inductor calls
 oneDNN for its convolutions too; 2d/3d calls ask XLA for channels-last buffers (decision 40).
-`aten_cpu.cc` is compiled once per source, torch and jaxlib version into
-TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`) with `$CXX`
-(default g++), then registered with XLA as the CPU FFI targets `torchtpu_aten_convolution`,
-`..._into` (float32 2d, written into XLA's buffer: decision 43) and `..._backward`.
-Where it cannot be built, convolutions stay XLA's and one warning says why.
+XLA:CPU's ragged dot (MoE experts' `_grouped_mm`) is a dense product masked per group, so each
+group pays for all of them (decision 79). `aten_cpu.cc` is compiled once per source, torch and
+jaxlib version into TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`)
+with `$CXX` (default g++), then registered with XLA as the CPU FFI targets
+`torchtpu_aten_convolution`, `..._into` (float32 2d, written into XLA's buffer: decision 43),
+`..._backward` and `torchtpu_aten_grouped_mm`. Where it cannot be built, these stay XLA's and
+one warning says why.
 `TORCHTPU_ATEN_KERNELS=0` or the option `aten_kernels="off"` turns it off.
 
     python -m torchtpu.kernels.aten_cpu     # builds it now (`make` does), prints the path
@@ -29,6 +32,7 @@ from torchtpu.paths import untrusted, user_cache_dir
 TARGET = "torchtpu_aten_convolution"
 BACKWARD_TARGET = "torchtpu_aten_convolution_backward"
 INTO_TARGET = "torchtpu_aten_convolution_into"
+GROUPED_MM_TARGET = "torchtpu_aten_grouped_mm"
 SOURCE = Path(__file__).with_name("aten_cpu.cc")
 
 log = logging.getLogger("torchtpu.kernels")
@@ -112,6 +116,7 @@ def _register(path: Path) -> None:
     jax.ffi.register_ffi_target(INTO_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolutionInto), platform="cpu")
     jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolutionBackward),
                                 platform="cpu")
+    jax.ffi.register_ffi_target(GROUPED_MM_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenGroupedMm), platform="cpu")
 
 
 def writes_into(x, w, channels_last: bool) -> bool:
@@ -159,6 +164,15 @@ def convolution_backward(grad, x, w, stride, padding, dilation, groups: int, mas
     gx, gw = call(grad, x, w, mask_x=np.int64(mask[0]), mask_w=np.int64(mask[1]),
                   **_attrs(stride, padding, dilation, groups, channels_last))
     return (gx if mask[0] else None), (gw if mask[1] else None)
+
+
+def grouped_mm(a, b, offs, out_shape):
+    """torch._grouped_mm(a, b, offs) (a, b of one dtype; offs the groups' int32 ends)."""
+    import jax
+    import jax.numpy as jnp
+
+    call = jax.ffi.ffi_call(GROUPED_MM_TARGET, jax.ShapeDtypeStruct(tuple(out_shape), a.dtype))
+    return call(a, b, offs.astype(jnp.int32))
 
 
 def _cl(ndim: int) -> tuple:

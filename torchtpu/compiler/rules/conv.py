@@ -48,7 +48,7 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     output_padding = _expand(output_padding or 0, nd)
-    if aten and not transposed and (groups == 1 or _channels_last(nd)) and _aten_dtypes(x, w):
+    if aten and not transposed and (groups == 1 or _channels_last(nd)) and aten_dtypes(x, w):
         return _aten_convolution(x, w, stride, padding, dilation, groups)
     acc = accumulate_dtype(x.dtype)
     integer = not jnp.issubdtype(x.dtype, jnp.inexact)
@@ -126,11 +126,11 @@ def _add_bias(out, bias):
     return out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
 
 
-def _aten_dtypes(*arrays) -> bool:
+def aten_dtypes(*arrays) -> bool:
     return arrays[0].dtype in _ATEN_DTYPES and all(a.dtype == arrays[0].dtype for a in arrays)
 
 
-def _use_aten(ctx) -> bool:
+def use_aten(ctx) -> bool:
     """ATen's CPU kernels for this program: the CPU target, not partitioned, not turned off."""
     return (ctx.platform == "cpu" and ctx.options.aten_kernels == "auto" and ctx.options.mesh is None
             and aten_cpu.available())
@@ -139,14 +139,14 @@ def _use_aten(ctx) -> bool:
 @op(aten.convolution.default)
 def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform,
-                          _use_aten(ctx)), bias)
+                          use_aten(ctx)), bias)
 
 
 @op(aten._convolution.default)
 def _convolution_full(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
                       benchmark=False, deterministic=False, cudnn_enabled=True, allow_tf32=True):
     return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform,
-                          _use_aten(ctx)), bias)
+                          use_aten(ctx)), bias)
 
 
 @op(aten.convolution_backward.default)
@@ -155,7 +155,7 @@ def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation
     acc = accumulate_dtype(grad.dtype)
     grad_input = grad_weight = grad_bias = None
     nd = x.ndim - 2
-    if (output_mask[0] or output_mask[1]) and not transposed and _aten_dtypes(grad, x, w) and _use_aten(ctx):
+    if (output_mask[0] or output_mask[1]) and not transposed and aten_dtypes(grad, x, w) and use_aten(ctx):
         grad_input, grad_weight = aten_cpu.convolution_backward(
             grad, x, w, _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups, output_mask[:2],
             channels_last=_channels_last(nd))
@@ -182,12 +182,12 @@ def _conv_bn(ctx, x, w, b, bn_weight, bn_bias, mean, var, eps, stride, padding, 
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     params = [p for p in (b, bn_weight, bn_bias, mean, var) if p is not None]
-    if (_use_aten(ctx) and aten_cpu.writes_into(x, w, _channels_last(nd))
+    if (use_aten(ctx) and aten_cpu.writes_into(x, w, _channels_last(nd))
             and all(p.dtype == jnp.float32 for p in params)):
         s = lax.rsqrt(var + eps) * (bn_weight if bn_weight is not None else 1.0)
         folded_w = w * s.reshape((-1,) + (1,) * (w.ndim - 1))
         folded_b = ((b if b is not None else 0.0) - mean) * s + (bn_bias if bn_bias is not None else 0.0)
         return _aten_convolution(x, folded_w, stride, padding, dilation, groups, bias=folded_b, relu=relu)
-    y = _add_bias(conv(x, w, stride, padding, dilation, False, None, groups, ctx.platform, _use_aten(ctx)), b)
+    y = _add_bias(conv(x, w, stride, padding, dilation, False, None, groups, ctx.platform, use_aten(ctx)), b)
     y = _batch_norm_eval(y, bn_weight, bn_bias, mean, var, eps)
     return jnp.maximum(y, jnp.zeros((), y.dtype)) if relu else y

@@ -17,7 +17,9 @@ AOTAutograd's backward of `_grouped_mm` is `_grouped_mm` again on transposed ope
 rows- and columns-ragged), so these rules cover training as they are.
 
 Per node, `kernels.choose` picks JAX's megablox kernels (kernels/grouped_matmul.py) on a
-TPU target and `lax.ragged_dot_general` elsewhere; the batched form is a dot everywhere.
+TPU target, ATen's own `_grouped_mm` as a custom call on the CPU (kernels/aten_cpu.py: XLA:CPU's
+ragged dot is a dense product masked per group, G times the work: docs/DECISIONS.md 79) and
+`lax.ragged_dot_general` elsewhere; the batched form is a dot everywhere.
 """
 from __future__ import annotations
 
@@ -27,8 +29,10 @@ import torch
 
 from torchtpu import kernels
 from torchtpu.compiler.registry import op
+from torchtpu.compiler.rules.conv import aten_dtypes, use_aten
 from torchtpu.compiler.rules.linalg import precision
 from torchtpu.compiler.rules.reduction import accumulate_dtype
+from torchtpu.kernels import aten_cpu
 from torchtpu.kernels import grouped_matmul as megablox
 
 aten = torch.ops.aten
@@ -62,6 +66,8 @@ def grouped_mm(ctx, a, b, offs):
             if a.ndim == 3:
                 return megablox.gmm(b.T, a, sizes, transpose_rhs=True).T
             return megablox.tgmm(a, b, sizes)
+    if use_aten(ctx) and aten_dtypes(a, b):
+        return aten_cpu.grouped_mm(a, b, offs, _out_shape(a, b, offs))
     if ctx.platform not in ("gpu", "tpu"):  # XLA:CPU's DotThunk lacks bf16 x bf16 -> f32 (exact in f32)
         a, b = a.astype(acc), b.astype(acc)
     if b.ndim == 3:
@@ -69,6 +75,14 @@ def grouped_mm(ctx, a, b, offs):
     if a.ndim == 3:  # out^T = b^T @ a[g]^T, ragged in b^T's rows
         return _ragged(b.T, jnp.swapaxes(a, 1, 2), sizes, _ROWS, acc).T
     return _ragged(a, b, sizes, _CONTRACTION, acc)
+
+
+def _out_shape(a, b, offs) -> tuple:
+    if b.ndim == 3:
+        return (a.shape[0], b.shape[2])
+    if a.ndim == 3:
+        return (a.shape[1], b.shape[1])
+    return (offs.shape[0], a.shape[0], b.shape[1])
 
 
 @op(aten._grouped_mm.default)
