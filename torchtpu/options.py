@@ -36,6 +36,10 @@ class Options:
             value (embedding, gather, index, scatter, ...) and torch's asserts, and the call raises
             torch's error (IndexError, RuntimeError) for a bad one; False: no checks (XLA then
             clamps or drops out-of-range positions silently), and no flag read back per call.
+        excess_precision: True (default): a chain of bfloat16/float16 pointwise ops keeps its
+            values in float32 between them and rounds where a value leaves the chain (as
+            Inductor's fused kernels and XLA's own excess precision do); False: every op rounds
+            its result as eager does (eager's bits, slower on the CPU: docs/DECISIONS.md 80).
     """
 
     platform: str | None = None
@@ -48,6 +52,7 @@ class Options:
     tp_plan: Any = None
     aten_kernels: str = "auto"
     check_indices: bool = True
+    excess_precision: bool = True
 
     @classmethod
     def parse(cls, options: dict[str, Any] | None) -> "Options":
@@ -73,6 +78,8 @@ class Options:
             raise ValueError(f"torchtpu: option aten_kernels={parsed.aten_kernels!r}; use 'auto' or 'off'")
         if not isinstance(parsed.check_indices, bool):
             raise ValueError(f"torchtpu: option check_indices={parsed.check_indices!r}; use True or False")
+        if not isinstance(parsed.excess_precision, bool):
+            raise ValueError(f"torchtpu: option excess_precision={parsed.excess_precision!r}; use True or False")
         if parsed.mode not in ("fused", "strict"):
             raise ValueError(f"torchtpu: option mode={parsed.mode!r}; use 'fused' or 'strict'")
         return parsed
@@ -80,7 +87,8 @@ class Options:
     def key_items(self) -> tuple:
         """The options that change the compiled program (dump_dir does not)."""
         items = (("bucketing", json.dumps(self.bucketing, sort_keys=True)), ("pallas", self.pallas),
-                 ("aten_kernels", self.aten_kernels), ("check_indices", self.check_indices))
+                 ("aten_kernels", self.aten_kernels), ("check_indices", self.check_indices),
+                 ("excess_precision", self.excess_precision))
         if self.mesh is not None:  # only then: keys of unsharded programs stay as they were
             items += (("mesh", json.dumps(self.mesh)), ("tp_plan", json.dumps(self.tp_plan)))
         return items

@@ -80,6 +80,8 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
         arrays = list(arrays)
         state = RngState(arrays.pop(0) if rng else None)
         env: dict[torch.fx.Node, Any] = {}
+        # pointwise bf16/f16 results before their rounding (None: every op rounds, as eager)
+        wide: dict[torch.fx.Node, Any] | None = {} if getattr(options, "excess_precision", True) else None
         feed = iter(arrays)
         for node, s in zip(placeholders, spec):
             env[node] = next(feed) if isinstance(s, TensorSpec) else s
@@ -95,7 +97,7 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
             elif node.op == "call_function":
                 env[node] = lower_node(node, env, LowerCtx(node, platform, options, state, padding, checks=checks,
                                                                env=env),
-                                       gm, spec)
+                                       gm, spec, wide)
             elif node.op == "output":
                 for value, meta in zip(_flat_outputs(node, env), _flat_output_metas(node)):
                     if value is None:
@@ -150,10 +152,31 @@ def _to_numpy(t: torch.Tensor):
     return t.cpu().numpy()
 
 
-def lower_node(node: torch.fx.Node, env: dict, ctx: LowerCtx, gm=None, spec=None):
-    """Lowers one call_function node; any failure becomes a LoweringError naming the node."""
-    args = torch.fx.node.map_arg(node.args, lambda n: env[n])
-    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+_LOW_FLOATS = (torch.bfloat16, torch.float16)
+_BITWISE = frozenset({"nextafter"})  # their meaning is the input's own representation
+
+
+def _pointwise_low(node: torch.fx.Node) -> bool:
+    """A pointwise op whose (single) result is bfloat16 or float16: it computes in float32 and the
+    lowering rounds its result."""
+    target, val = node.target, node.meta.get("val")
+    return (isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+            and isinstance(val, torch.Tensor) and val.dtype in _LOW_FLOATS
+            and target._opname not in _BITWISE)
+
+
+def lower_node(node: torch.fx.Node, env: dict, ctx: LowerCtx, gm=None, spec=None, wide=None):
+    """Lowers one call_function node; any failure becomes a LoweringError naming the node.
+
+    `wide` (the whole-graph lowering's) holds the float32 results of bfloat16/float16 pointwise
+    ops with one user before their rounding: that user, if pointwise of the same dtype, reads it
+    instead, so a chain of elementwise ops rounds where its value is stored (a program output, a
+    value read twice, a non-pointwise op, an explicit cast), as Inductor's fused kernels and
+    XLA's excess precision do (docs/DECISIONS.md 80)."""
+    chain = wide is not None and _pointwise_low(node)
+    look = (lambda n: wide.get(n, env[n])) if chain else (lambda n: env[n])
+    args = torch.fx.node.map_arg(node.args, look)
+    kwargs = torch.fx.node.map_arg(node.kwargs, look)
     target = node.target
     if target is torch.ops.higher_order.with_effects:
         return _lower_effectful(node, args, kwargs, ctx, gm, spec)
@@ -173,6 +196,8 @@ def lower_node(node: torch.fx.Node, env: dict, ctx: LowerCtx, gm=None, spec=None
         out = rule(ctx, *args, **kwargs)
         if ctx.padding is not None:
             out = ctx.padding.after(node, args, kwargs, out)
+        if chain and len(node.users) == 1 and isinstance(out, jax.Array) and out.dtype == jnp.float32:
+            wide[node] = out  # one reader: XLA fuses it there, never stores it
     except LoweringError:
         raise
     except Exception as exc:  # noqa: BLE001 — every rule failure is reported the same way
