@@ -18,14 +18,17 @@ def _env(cache_dir, **extra):
     return {**os.environ, "TORCHTPU_CACHE_DIR": str(cache_dir), **extra}
 
 
-def _worker(target: str, cache_dir, *args, **popen):
+def _worker(target: str, cache_dir, *args, env=None, **popen):
     return subprocess.Popen([sys.executable, str(HERE / "cache_worker.py"), target, *args], cwd=HERE,
-                            env=_env(cache_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+                            env=_env(cache_dir, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
 
 
-def _result(proc) -> dict:
+def _result(proc, stderr: list | None = None) -> dict:
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
+    if stderr is not None:
+        stderr.append(err)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -55,6 +58,23 @@ def test_fresh_process_runs_a_cached_program_that_calls_aten(tmp_path):
     assert cold["stats"]["xla_compiles"] == 1 and warm["stats"]["xla_compiles"] == 0
     assert warm["stats"]["disk_hits"] == 1 and warm["sums"] == cold["sums"]
     assert warm["max_error"] < 1e-4
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler for the ATen kernels")
+def test_aten_kernels_on_and_off_are_different_entries(tmp_path):
+    """TORCHTPU_ATEN_KERNELS=0 lowers the same graph and options to XLA's convolutions: a process
+    with it neither loads the entry whose custom calls it has no library for (that entry was
+    reported bad and replaced) nor leaves its own XLA program for a process with the kernels."""
+    err: list = []
+    on = _result(_worker("cache_targets:cnn", tmp_path), err)
+    off = _result(_worker("cache_targets:cnn", tmp_path, env={"TORCHTPU_ATEN_KERNELS": "0"}), err)
+    again = _result(_worker("cache_targets:cnn", tmp_path), err)
+    assert not any("is bad" in e for e in err), err
+    assert on["stats"]["xla_compiles"] == 1 and off["stats"]["xla_compiles"] == 1
+    assert again["stats"]["xla_compiles"] == 0 and again["stats"]["disk_hits"] == 1
+    assert again["sums"] == on["sums"]  # the ATen program, not the one compiled without it
+    assert off["max_error"] < 1e-4 and again["max_error"] < 1e-4
+    assert len(list((tmp_path / "v1" / "entries").glob("*/*"))) == 2  # one entry each
 
 
 def test_eight_processes_share_one_cache_dir(tmp_path):

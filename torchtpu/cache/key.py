@@ -72,11 +72,24 @@ def with_environment(graph: tuple[KeyPart, ...], options, target: Target) -> Cac
         _part("float32_matmul_precision", torch.get_float32_matmul_precision()),
         _part("target", f"{target.platform} {target.device_kind} x{target.device_count}"),
         _part("host_cpu", versions.host_cpu() if target.platform == "cpu" else "-"),
+        _part("cpu_kernels", _cpu_kernels(options, target)),
         _part("xla_flags", versions.xla_flags()),
         *(_part(name, version) for name, version in libs.items()),
         _part("torchtpu_source", versions.source_hash(), versions.source_hash()[:16]),
     ]
     return CacheKey(tuple(parts))
+
+
+def _cpu_kernels(options, target: Target) -> str:
+    """Whether a CPU program calls ATen's kernels (kernels/aten_cpu.py). The option alone does
+    not say: TORCHTPU_ATEN_KERNELS=0, or a library that cannot be built, makes the same options
+    lower to XLA's own convolutions, and a program with the custom calls does not load in a
+    process without the library (nor should one without them be served where it is)."""
+    if target.platform != "cpu" or getattr(options, "aten_kernels", "off") != "auto":
+        return "off"
+    from torchtpu.kernels import aten_cpu
+
+    return "aten" if aten_cpu.available() else "off"
 
 
 _graph_texts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
