@@ -94,6 +94,34 @@ def _record_session(scale: float = 1.0):
     events.sync_dynamo()
 
 
+def test_the_in_process_record_keeps_the_newest_events(monkeypatch):
+    """A long defer-mode loop records a flush event per flush: the process keeps the newest
+    TORCHTPU_EVENTS_KEEP of them and counts the rest."""
+    import collections
+
+    monkeypatch.setenv("TORCHTPU_EVENT_LOG", "off")
+    monkeypatch.setattr(events, "_events", collections.deque(maxlen=3))
+    monkeypatch.setattr(events, "_dropped", 0)
+    for i in range(5):
+        events.record("flush", reason="item", ops=i)
+    assert [e["ops"] for e in events.events()] == [2, 3, 4]
+    assert events.dropped() == 2
+    events.clear()
+    assert events.events() == [] and events.dropped() == 0
+
+
+def test_the_log_is_rotated_past_its_size_limit(tmp_path, monkeypatch):
+    path = tmp_path / "events.jsonl"
+    monkeypatch.setenv("TORCHTPU_EVENT_LOG", str(path))
+    monkeypatch.setenv("TORCHTPU_EVENT_LOG_MB", str(8192 / 2**20))  # 8 KiB
+    for i in range(200):  # ≈ 25 KiB of events
+        events.record("flush", reason="item", ops=i, source="x" * 60)
+    older, newer = events.read_log(tmp_path / "events.jsonl.1"), events.read_log(path)
+    assert path.stat().st_size <= 8192 and (tmp_path / "events.jsonl.1").stat().st_size <= 8192 + 300
+    assert newer[-1]["ops"] == 199 and older and older[-1]["ops"] + 1 == newer[0]["ops"]  # nothing lost between them
+    assert not (tmp_path / "events.jsonl.2").exists()
+
+
 def test_report_from_a_recorded_log(log, capsys):
     _record_session()
     lines = [json.loads(line) for line in log.read_text().splitlines()]

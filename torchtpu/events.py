@@ -1,8 +1,12 @@
 """The compile-event record: what was compiled, why, how long it took.
 
-Every event is kept in process (`events()`) and appended as one JSON line to the event log:
+Every event is kept in process (`events()`: the newest TORCHTPU_EVENTS_KEEP, default 100000;
+`dropped()` counts the older ones let go) and appended as one JSON line to the event log:
 `TORCHTPU_EVENT_LOG` (a path, or "off"), else `events.jsonl` in the cache directory
-(`TORCHTPU_CACHE_DIR`, else ~/.cache/torchtpu). Dynamo's own per-frame records (recompile
+(`TORCHTPU_CACHE_DIR`, else ~/.cache/torchtpu). A log that outgrows TORCHTPU_EVENT_LOG_MB
+(default 64) is renamed to `<log>.1` (replacing the one before) and a new one begun: a training
+loop in defer mode writes an event per flush, a few per step, and neither the process nor the
+disk should grow with the number of steps. Dynamo's own per-frame records (recompile
 reason, guard failures, the recompile limit) are drained from
 `torch._dynamo.utils.get_compilation_metrics()` into "dynamo" events by `sync_dynamo()`, which
 runs as each frame's record is made once the backend has been used (`follow_dynamo()`).
@@ -24,7 +28,24 @@ from torchtpu import paths
 from torchtpu.explain import explain, frame_history
 
 _lock = threading.Lock()
-_events: list[dict] = []
+
+
+def _keep() -> int:
+    try:
+        return max(int(os.environ.get("TORCHTPU_EVENTS_KEEP", "100000")), 1)
+    except ValueError:
+        return 100000
+
+
+def _log_limit() -> int:
+    try:
+        return max(int(float(os.environ.get("TORCHTPU_EVENT_LOG_MB", "64")) * 2**20), 4096)
+    except ValueError:
+        return 64 * 2**20
+
+
+_events: collections.deque = collections.deque(maxlen=_keep())  # read once, at import
+_dropped = 0
 _seen_metrics: set = set()
 _warned_frames: set = set()
 _log_failed = False
@@ -33,8 +54,11 @@ RUN = f"{os.getpid()}-{int(time.time())}"  # groups one process's events in a sh
 
 
 def record(kind: str, **fields) -> dict:
+    global _dropped
     event = {"kind": kind, "time": time.time(), "run": RUN, **fields}
     with _lock:
+        if len(_events) == _events.maxlen:
+            _dropped += 1
         _events.append(event)
     _append(event)
     return event
@@ -46,18 +70,33 @@ def events() -> list[dict]:
         return list(_events)
 
 
+def dropped() -> int:
+    """Events recorded in this process that `events()` no longer holds (the oldest go first)."""
+    return _dropped
+
+
 def clear() -> None:
+    global _dropped
     with _lock:
         _events.clear()
+        _dropped = 0
+
+
+_LOG_ENV = ("TORCHTPU_EVENT_LOG", "TORCHTPU_CACHE_DIR", "XDG_CACHE_HOME", "HOME")
+_log_paths: dict = {}  # by the variables that decide it (resolving ~ costs more than the write)
 
 
 def log_path() -> Path | None:
     """Where events are appended; None when TORCHTPU_EVENT_LOG=off."""
-    def in_cache_dir():
-        root = paths.default_root()
-        return None if root is None else root / "events.jsonl"
+    env = os.environ
+    decided_by = tuple([env.get(v) for v in _LOG_ENV])
+    if decided_by not in _log_paths:
+        def in_cache_dir():
+            root = paths.default_root()
+            return None if root is None else root / "events.jsonl"
 
-    return paths.from_env("TORCHTPU_EVENT_LOG", in_cache_dir)
+        _log_paths[decided_by] = paths.from_env("TORCHTPU_EVENT_LOG", in_cache_dir)
+    return _log_paths[decided_by]
 
 
 def _append(event: dict) -> None:
@@ -72,6 +111,12 @@ def _append(event: dict) -> None:
         line = json.dumps(event, default=str, ensure_ascii=False) + "\n"
         with open(path, "a", encoding="utf-8") as f:  # one write per line: appends do not interleave
             f.write(line)
+            full = f.tell() > _log_limit()
+        if full:
+            try:
+                os.replace(path, path.with_name(path.name + ".1"))
+            except FileNotFoundError:  # another process rotated it first
+                pass
     except OSError as exc:
         _log_failed = True
         warnings.warn(f"torchtpu: cannot write the event log {path}: {exc}; events stay in memory only")
