@@ -78,7 +78,22 @@ def register() -> None:
                          ("_copy_from", _copy_from), ("_copy_from_and_resize", _copy_from_and_resize),
                          ("_local_scalar_dense", _item), ("_conj", _conj), ("_neg_view", _neg_view)]:
         lib.impl(name, kernel, KEY)
+    _register_attention(lib)
     _libraries.append(lib)
+
+
+def _register_attention(lib) -> None:
+    """Fused attention, where native.cc's stub can send torch there (else torch's math path)."""
+    from torchtpu.device import attention, native
+
+    if native.load():
+        lib.impl("_scaled_dot_product_fused_attention_overrideable", functools.partial(attention.forward, _run_op), KEY)
+        lib.impl("_scaled_dot_product_fused_attention_overrideable_backward",
+                 functools.partial(attention.backward, _run_op), KEY)
+
+
+def _run_op(op, args, kwargs):
+    return _executor().run(op, args, kwargs)
 
 
 def register_fallback(ensure_kernels) -> None:

@@ -17,7 +17,6 @@ one warning says why.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.metadata
 import logging
 import os
@@ -26,8 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from torchtpu.fsutil import locked
-from torchtpu.paths import untrusted, user_cache_dir
+from torchtpu import cxx
 
 TARGET = "torchtpu_aten_convolution"
 BACKWARD_TARGET = "torchtpu_aten_convolution_backward"
@@ -46,43 +44,15 @@ def enabled() -> bool:
 
 def library_path() -> Path:
     """Where the built library lives: one file per source, torch, jaxlib and C++ ABI."""
-    import torch
-
-    asked = os.environ.get("TORCHTPU_EXTENSION_DIR", "").strip()
-    root = Path(asked) if asked else user_cache_dir() / "extensions"
-    h = hashlib.sha256(SOURCE.read_bytes())
-    for part in (torch.__version__, importlib.metadata.version("jaxlib"), str(torch._C._GLIBCXX_USE_CXX11_ABI)):
-        h.update(b"\0" + part.encode())
-    return root.expanduser() / f"aten_cpu-{h.hexdigest()[:16]}.so"
+    return cxx.library_path(SOURCE, "aten_cpu", importlib.metadata.version("jaxlib"))
 
 
 def build() -> Path:
     """Compiles the library unless it exists (under a lock; written atomically). Raises OSError
     or CalledProcessError (with the compiler's output) when it cannot."""
     import jax.ffi
-    import torch
 
-    path = library_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    why = untrusted(path.parent)
-    if why is not None:
-        raise OSError(f"{why}; a library there is not loaded (it is machine code this process would run)")
-    with locked(path.parent / ".lock"):
-        if path.exists():
-            return path
-        torch_dir = Path(torch.__file__).parent
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        cmd = [os.environ.get("CXX", "g++"), "-O2", "-shared", "-fPIC", "-std=c++17", "-w",
-               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               f"-I{torch_dir / 'include'}", f"-I{jax.ffi.include_dir()}", str(SOURCE),
-               f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", str(tmp)]
-        log.warning("torchtpu: building ATen CPU kernels into %s (once per torch/jaxlib version, ~10 s)", path)
-        try:
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-    return path
+    return cxx.build(SOURCE, library_path(), [jax.ffi.include_dir()], "ATen CPU kernels")
 
 
 def available() -> bool:

@@ -1,0 +1,61 @@
+"""The eager device's C++ registrations (native.cc), built once and loaded with the kernels.
+
+    python -m torchtpu.device.native     # builds it now (`make` does), prints the path
+
+Today: torch's attention-backend stub for the tpu device, so scaled_dot_product_attention
+runs as one fused op (device/attention.py) rather than torch's math decomposition. Built with
+`$CXX` (default g++) into TORCHTPU_EXTENSION_DIR like the CPU kernels (cxx.py); where it
+cannot be built, or with TORCHTPU_DEVICE_NATIVE=0, attention takes the math path and one
+warning says why.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from torchtpu import cxx
+
+SOURCE = Path(__file__).with_name("native.cc")
+log = logging.getLogger("torchtpu.device")
+_state: dict = {}  # "ok": loaded in this process; "why": why not
+
+
+def enabled() -> bool:
+    return os.environ.get("TORCHTPU_DEVICE_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def library_path() -> Path:
+    return cxx.library_path(SOURCE, "device_native")
+
+
+def load() -> bool:
+    """Loads the library (building it the first time); False, with one warning, when it is
+    disabled or cannot be built. Called once, while the kernels are registered."""
+    if "ok" not in _state:
+        if not enabled():
+            _state.update(ok=False, why="TORCHTPU_DEVICE_NATIVE is off")
+            return False
+        try:
+            path = cxx.build(SOURCE, library_path(), [], "the tpu device's C++ registrations")
+            _state["lib"] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # its static initializers register
+            _state["ok"] = True
+        except (OSError, subprocess.CalledProcessError) as exc:
+            detail = getattr(exc, "stderr", "") or ""
+            _state.update(ok=False, why=f"{exc}\n{detail[-2000:]}".strip())
+            log.warning("torchtpu.device: C++ registrations unavailable, attention takes torch's math path: %s",
+                        _state["why"])
+    return _state["ok"]
+
+
+def loaded() -> bool:
+    return _state.get("ok", False)
+
+
+if __name__ == "__main__":
+    if not load():
+        sys.exit(f"not built: {_state.get('why')}")
+    print(library_path())
