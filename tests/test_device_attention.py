@@ -3,7 +3,9 @@ device/attention.py), torch's numbers, and torch's math path where the fused op 
 from __future__ import annotations
 
 import collections
+import os
 
+import helpers
 import pytest
 import torch
 
@@ -98,3 +100,15 @@ def test_torch_compile_on_tpu_tensors_keeps_its_graph():
     q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
     got = torch.compile(f, backend="tpu", fullgraph=True)(q.to("tpu"), k.to("tpu"), v.to("tpu"))
     assert (got.cpu() - f(q, k, v)).abs().max().item() < 2e-5
+
+
+def test_without_the_library_attention_takes_torchs_math_path():
+    script = ("import torch, torchtpu.device\n"
+              "from torchtpu.device import native\n"
+              "torch.manual_seed(0)\n"
+              "q = torch.randn(2, 4, 16, 8)\n"
+              "out = torch.nn.functional.scaled_dot_product_attention(q.to('tpu'), q.to('tpu'), q.to('tpu'))\n"
+              "ref = torch.nn.functional.scaled_dot_product_attention(q, q, q)\n"
+              "print(native.loaded(), native._state['why'], float((out.cpu() - ref).abs().max()))\n")
+    out = helpers.run_python(script, env={**os.environ, "TORCHTPU_DEVICE_NATIVE": "0"}).split()
+    assert out[0] == "False" and "TORCHTPU_DEVICE_NATIVE is off" in " ".join(out[1:-1]) and float(out[-1]) < 2e-5
