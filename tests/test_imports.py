@@ -74,8 +74,8 @@ def test_no_import_circles():
 # below only, at the top of its file or inside a function. The most specific name wins.
 LAYERS = [
     ["torchtpu.options", "torchtpu.events", "torchtpu.counters", "torchtpu.paths", "torchtpu.fsutil",
-     "torchtpu.cxx", "torchtpu.layout", "torchtpu.plans", "torchtpu.explain", "torchtpu.eager", "torchtpu.compiler.dtypes",
-     "torchtpu.compiler.spec", "torchtpu.kernels.ops"],  # core: data, paths, events
+     "torchtpu.cxx", "torchtpu.layout", "torchtpu.plans", "torchtpu.explain", "torchtpu.eager",
+     "torchtpu.compiler.dtypes", "torchtpu.compiler.spec", "torchtpu.kernels.ops"],  # core: data, paths, events
     ["torchtpu.compiler.", "torchtpu.kernels"],  # lowering: registry, rules, lower, padding, checks
     ["torchtpu.passes"],  # FX -> FX rewrites and analyses
     ["torchtpu.runtime"],  # platforms, executables, transfers, the bucketed and fused runners

@@ -4,6 +4,8 @@
                                             `$XDG_CACHE_HOME/torchtpu/extensions`, one file per
                                             source, torch, C++ ABI and the given versions
     build(source, path, includes, what)     compiles it unless it exists, under a lock, atomically
+    switched_on(var)                        the library's environment switch (unset: on)
+    why_not(exc)                            what a failed build or load says, the compiler's tail too
 
 Used by kernels/aten_cpu.py (ATen's kernels as XLA custom calls) and device/native.py (the
 eager device's C++ registrations, built at the first tpu tensor: so this module imports nothing
@@ -22,6 +24,15 @@ from torchtpu.fsutil import locked
 from torchtpu.paths import untrusted, user_cache_dir
 
 log = logging.getLogger("torchtpu.kernels")
+
+
+def switched_on(var: str) -> bool:
+    return os.environ.get(var, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def why_not(exc: BaseException) -> str:
+    detail = getattr(exc, "stderr", "") or ""
+    return f"{exc}\n{detail[-2000:]}".strip()
 
 
 def library_path(source: Path, stem: str, *versions: str) -> Path:

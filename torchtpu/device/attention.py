@@ -22,14 +22,13 @@ BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 def forward(run, query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
             scale=None):
-    out, logsumexp = run(FORWARD, (query, key, value, dropout_p, is_causal),
-                         {"attn_mask": attn_bias, "scale": scale})
+    out, logsumexp = run(FORWARD, query, key, value, dropout_p, is_causal, attn_mask=attn_bias, scale=scale)
     seed, offset = storage.empty([], dtype=torch.int64), storage.empty([], dtype=torch.int64)
     return out, logsumexp, None, None, query.shape[2], key.shape[2], seed, offset, None
 
 
 def backward(run, grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k,
              max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-    grad_q, grad_k, grad_v = run(BACKWARD, (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal),
-                                 {"attn_mask": attn_bias, "scale": scale})
+    grad_q, grad_k, grad_v = run(BACKWARD, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
+                                 attn_mask=attn_bias, scale=scale)
     return grad_q, grad_k, grad_v, None  # the mask never needs a gradient here (native.cc)

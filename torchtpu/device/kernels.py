@@ -87,13 +87,9 @@ def _register_attention(lib) -> None:
     from torchtpu.device import attention, native
 
     if native.load():
-        lib.impl("_scaled_dot_product_fused_attention_overrideable", functools.partial(attention.forward, _run_op), KEY)
+        lib.impl("_scaled_dot_product_fused_attention_overrideable", functools.partial(attention.forward, _run), KEY)
         lib.impl("_scaled_dot_product_fused_attention_overrideable_backward",
-                 functools.partial(attention.backward, _run_op), KEY)
-
-
-def _run_op(op, args, kwargs):
-    return _executor().run(op, args, kwargs)
+                 functools.partial(attention.backward, _run), KEY)
 
 
 def register_fallback(ensure_kernels) -> None:

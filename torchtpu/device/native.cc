@@ -42,5 +42,3 @@ namespace native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &choose);
 }  // namespace native
 }  // namespace at
-
-extern "C" int TorchtpuDeviceNativeVersion() { return 1; }

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ _state: dict = {}  # "ok": loaded in this process; "why": why not
 
 
 def enabled() -> bool:
-    return os.environ.get("TORCHTPU_DEVICE_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return cxx.switched_on("TORCHTPU_DEVICE_NATIVE")
 
 
 def library_path() -> Path:
@@ -44,8 +43,7 @@ def load() -> bool:
             _state["lib"] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # its static initializers register
             _state["ok"] = True
         except (OSError, subprocess.CalledProcessError) as exc:
-            detail = getattr(exc, "stderr", "") or ""
-            _state.update(ok=False, why=f"{exc}\n{detail[-2000:]}".strip())
+            _state.update(ok=False, why=cxx.why_not(exc))
             log.warning("torchtpu.device: C++ registrations unavailable, attention takes torch's math path: %s",
                         _state["why"])
     return _state["ok"]

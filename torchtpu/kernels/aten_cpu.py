@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -39,7 +38,7 @@ _state: dict = {}  # "ok": registered in this process; "why": why not
 
 
 def enabled() -> bool:
-    return os.environ.get("TORCHTPU_ATEN_KERNELS", "1").strip().lower() not in ("0", "off", "false", "no")
+    return cxx.switched_on("TORCHTPU_ATEN_KERNELS")
 
 
 def library_path() -> Path:
@@ -66,8 +65,7 @@ def available() -> bool:
                 _register(build())
                 _state["ok"] = True
             except (OSError, subprocess.CalledProcessError) as exc:
-                detail = getattr(exc, "stderr", "") or ""
-                _state.update(ok=False, why=f"{exc}\n{detail[-2000:]}".strip())
+                _state.update(ok=False, why=cxx.why_not(exc))
                 log.warning("torchtpu: ATen CPU kernels unavailable, XLA's convolutions are used: %s", _state["why"])
     return _state["ok"]
 
