@@ -64,9 +64,12 @@ _libraries: list = []  # torch.library registrations live as long as their Libra
 
 
 def register() -> None:
+    from torchtpu.device import native
+
     lib = torch.library.Library("aten", "IMPL")
-    for op in VIEWS:
-        lib.impl(op, storage.metadata_view(op), KEY)
+    if not native.load():  # else native.cc registers the view kernels (and the device guard)
+        for op in VIEWS:
+            lib.impl(op, storage.metadata_view(op), KEY)
     for op in DIRECT + tuple(foreach_ops()):
         lib.impl(op, functools.partial(_run, op), KEY)
     for name in _structured():
@@ -86,7 +89,7 @@ def _register_attention(lib) -> None:
     """Fused attention, where native.cc's stub can send torch there (else torch's math path)."""
     from torchtpu.device import attention, native
 
-    if native.load():
+    if native.loaded():
         lib.impl("_scaled_dot_product_fused_attention_overrideable", functools.partial(attention.forward, _run), KEY)
         lib.impl("_scaled_dot_product_fused_attention_overrideable_backward",
                  functools.partial(attention.backward, _run), KEY)

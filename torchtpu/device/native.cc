@@ -7,9 +7,17 @@
 // program, forward or backward) computes what the math path would, and "math" elsewhere:
 // dropout, a mask that needs a gradient, key/value heads that differ without enable_gqa, or
 // tensors a tracer holds (FakeTensor, functionalization: torch.compile keeps the graph it had).
+//
+// The device guard and the metadata-only view kernels are here too: torch calls the guard
+// several times per autograd node (a Python guard takes the GIL and calls Python each time,
+// ~3 ms of a small model's backward), and a Python view kernel is a round trip into Python
+// per view (~130 a training step); both do only what the Python versions did.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
 
 namespace {
 
@@ -42,3 +50,45 @@ namespace native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &choose);
 }  // namespace native
 }  // namespace at
+
+namespace {
+
+// One device, tpu:0; streams and events are no-ops (programs order themselves): what torch's
+// guard for a Python backend does, without calling into Python for the device type.
+struct Guard final : c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+  static c10::Device device() { return c10::Device(kType, 0); }
+  static c10::Stream stream() { return c10::Stream(c10::Stream::DEFAULT, device()); }
+
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device) const override { return device(); }
+  c10::Device getDevice() const override { return device(); }
+  void setDevice(c10::Device) const override {}
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const noexcept override { return stream(); }
+  c10::Stream getNewStream(c10::Device, int) const override { return stream(); }
+  c10::Stream exchangeStream(c10::Stream) const noexcept override { return stream(); }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+};
+
+// A view op on tpu tensors: torch's CPU kernel, which only computes size, stride and offset
+// over the same storage (device/kernels.py lists the ops: VIEWS).
+void cpu_view(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+}  // namespace
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);  // replaces the Python backend's guard
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* name : {"as_strided", "view", "_reshape_alias", "unfold", "view_as_real", "view_as_complex"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&cpu_view>());
+  }
+}

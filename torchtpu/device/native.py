@@ -3,10 +3,11 @@
     python -m torchtpu.device.native     # builds it now (`make` does), prints the path
 
 Today: torch's attention-backend stub for the tpu device, so scaled_dot_product_attention
-runs as one fused op (device/attention.py) rather than torch's math decomposition. Built with
-`$CXX` (default g++) into TORCHTPU_EXTENSION_DIR like the CPU kernels (cxx.py); where it
-cannot be built, or with TORCHTPU_DEVICE_NATIVE=0, attention takes the math path and one
-warning says why.
+runs as one fused op (device/attention.py) rather than torch's math decomposition; the device
+guard; the metadata-only view kernels. Built with `$CXX` (default g++) into
+TORCHTPU_EXTENSION_DIR like the CPU kernels (cxx.py); where it cannot be built, or with
+TORCHTPU_DEVICE_NATIVE=0, attention takes the math path, the guard and the views are Python's
+(slower, the same results), and one warning says why.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def load() -> bool:
             _state["ok"] = True
         except (OSError, subprocess.CalledProcessError) as exc:
             _state.update(ok=False, why=cxx.why_not(exc))
-            log.warning("torchtpu.device: C++ registrations unavailable, attention takes torch's math path: %s",
-                        _state["why"])
+            log.warning("torchtpu.device: C++ registrations unavailable (attention takes torch's math path, "
+                        "the guard and the view kernels are Python's): %s", _state["why"])
     return _state["ok"]
 
 

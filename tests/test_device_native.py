@@ -1,0 +1,65 @@
+"""The device's C++ registrations besides attention (device/native.cc): the device guard and
+the metadata-only view kernels, in C++ where the library loads, Python's where it does not."""
+from __future__ import annotations
+
+import os
+
+import helpers
+import pytest
+import torch
+
+import torchtpu.device
+from torchtpu.device import native, registration
+
+pytestmark = pytest.mark.skipif(not native.load(),
+                                reason=f"the device's C++ registrations are not built: {native._state.get('why')}")
+
+
+def _kernel_of(op: str) -> str:
+    return next(line for line in torch._C._dispatch_dump(op).splitlines() if line.startswith("PrivateUse1:"))
+
+
+def test_view_kernels_are_the_libraries_and_keep_torchs_view_semantics():
+    for op in ("aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::unfold", "aten::view_as_real",
+               "aten::view_as_complex"):
+        assert "native.cc" in _kernel_of(op), op
+    x = torch.arange(24.0).to("tpu")
+    v = x.view(4, 6).t()[1:3].unfold(1, 2, 2)
+    ref = torch.arange(24.0).view(4, 6).t()[1:3].unfold(1, 2, 2)
+    assert v.shape == ref.shape and v.stride() == ref.stride() and v.storage_offset() == ref.storage_offset()
+    assert v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    base = torch.arange(24.0)
+    base.view(4, 6).t()[1:3].unfold(1, 2, 2).mul_(-1)
+    v.mul_(-1)  # through the view: the base sees it
+    assert torch.equal(x.cpu(), base)
+    c = torch.view_as_complex(torch.randn(3, 2).to("tpu"))
+    assert c.dtype == torch.complex64 and torch.view_as_real(c).shape == (3, 2)
+
+
+def test_autograd_runs_without_calling_the_python_guard(monkeypatch):
+    calls = []
+    python_type = registration._Guard.type_
+
+    def counted(self):
+        calls.append(1)
+        return python_type(self)
+
+    monkeypatch.setattr(registration._Guard, "type_", counted)
+    w = torch.randn(8, 8, requires_grad=True)
+    wt = w.detach().to("tpu").requires_grad_()
+    (wt @ wt).tanh().sum().backward()
+    (w @ w).tanh().sum().backward()
+    torch.testing.assert_close(wt.grad.cpu(), w.grad, rtol=1e-5, atol=1e-5)
+    assert torch.tensor(0.0, device="tpu").device == torch.device("tpu", 0)
+    assert calls == []
+
+
+def test_without_the_library_views_and_the_guard_are_pythons():
+    script = ("import torch, torchtpu.device\n"
+              "x = torch.arange(6.0).to('tpu')\n"
+              "w = x.view(2, 3).t().contiguous().requires_grad_()\n"
+              "(w * w).sum().backward()\n"
+              "line = [l for l in torch._C._dispatch_dump('aten::as_strided').splitlines() if 'PrivateUse1' in l][0]\n"
+              "print('kernels.py' in line, w.grad.cpu().reshape(-1).tolist())\n")
+    out = helpers.run_python(script, env={**os.environ, "TORCHTPU_DEVICE_NATIVE": "0"}).split(maxsplit=1)
+    assert out[0] == "True" and out[1].strip() == str((2 * torch.arange(6.0).view(2, 3).t().reshape(-1)).tolist())
