@@ -267,6 +267,54 @@ def test_a_failing_check_names_the_deferred_op_and_its_line():
         assert torch.equal(y.cpu(), torch.full((3,), 2.0))  # later graphs run
 
 
+def test_a_flush_does_not_wait_for_its_checks_and_a_read_does(monkeypatch):
+    from torchtpu.runtime.executable import Executable
+
+    reads = []
+    verify = Executable.verify
+    monkeypatch.setattr(Executable, "verify", lambda self, flag: (reads.append(1), verify(self, flag))[1])
+    table = torch.randn(10, 4, device=TPU, requires_grad=True)
+    idx = torch.tensor([1, 7, 3], device=TPU)
+    torchtpu.sync()
+    loss = torch.nn.functional.embedding(idx, table).square().sum()
+    loss.backward()  # flushes: the program is launched, its check flag not read
+    assert reads == [] and defer.pending_ops() == 0
+    grad = table.grad * 1  # recorded on the unread program's values
+    assert reads == []
+    ref = torch.zeros(10, 4)
+    ref[[1, 7, 3]] = 2 * table.detach().cpu()[[1, 7, 3]]
+    torch.testing.assert_close(grad.cpu(), ref)  # the read verifies what it was computed from
+    assert reads == [1]
+    torch.testing.assert_close(loss.cpu(), table.detach().cpu()[[1, 7, 3]].square().sum())
+    assert reads == [1]  # read once
+
+
+def test_an_unread_failed_check_raises_at_sync():
+    x = torch.ones(3, device=TPU)
+    torchtpu.sync()
+    x[torch.tensor([5], device=TPU)]  # the index nobody reads
+    with pytest.raises(IndexError, match="out of bounds") as info:
+        torchtpu.sync()
+    assert f"{HERE}\", line {_line_of('# the index nobody reads')}" in str(info.value)
+    torchtpu.sync()  # reported once
+
+
+def test_a_failed_check_surfaces_at_the_next_flush_and_poisons_what_was_computed_from_it(monkeypatch):
+    x = torch.ones(3, device=TPU)
+    monkeypatch.setenv("TORCHTPU_DEFER_MAX_OPS", "1")  # every op flushes the one before
+    torchtpu.sync()
+    bad = x[torch.tensor([5], device=TPU)]
+    derived = bad * 3  # flushes bad's graph (its check unread) and reads its values
+    with pytest.raises(IndexError, match="out of bounds"):
+        derived.cpu()  # this flush reads the earlier program's check
+    with pytest.raises(IndexError, match="out of bounds"):
+        derived.cpu()  # computed from the failed program's values: the same error
+    with pytest.raises(RuntimeError, match="never computed"):
+        derived.cpu()
+    y = x + 1
+    assert torch.equal(y.cpu(), torch.full((3,), 2.0))  # graphs that did not read it are fine
+
+
 def test_a_lowering_error_at_the_flush_names_the_op_and_its_line(monkeypatch):
     def broken(ctx, *args, **kwargs):
         raise ValueError("broken on purpose")

@@ -10,6 +10,12 @@
                    -> the program for (the sequence of steps, the values still held) -> run ->
                    each Pending gets its array
 
+A program's index checks are not waited for at its flush (the flush launches it and goes on):
+its check flag is read when one of its values is read (on the host, by a strict op, by a
+compiled graph), at the next flush, at synchronize/sync and when leaving defer mode. A failed
+check raises torch's error naming the deferred op and the user's line, and every value of that
+program, and of the programs that read its values before the check was read, stays unreadable.
+
 The lookup is a trie over steps (per-op key id, input wiring): a step of a known sequence is one
 dict lookup, and a flush of a known sequence builds no graph. On a miss the ops' graphs are
 inlined into one FX graph that goes through compile_graph (passes, memory and disk cache, XLA).
@@ -108,14 +114,27 @@ class PendingGraph:
         self.hits = 0  # ops whose traced graph was known (counted at the flush: eager_hits)
         self.backward_task = None  # the autograd graph task whose end flushes this graph
         self.error: Exception | None = None
+        self.program: Program | None = None  # once flushed
+        self.flag = None  # its program's check flag (a device array) until it is read
+        self.sources: set = set()  # earlier graphs, checks not yet read, whose values it reads
 
     def flush(self, reason: str) -> None:
         self.executor.flush(reason, self)
 
+    def unverified(self) -> bool:
+        """Its values were computed, but its checks (or those of a graph it read) not yet read."""
+        return self.flag is not None or bool(self.sources)
+
+    def verify(self) -> None:
+        self.executor.verify(self)
+
     def release(self) -> None:
         """Drops what the run needed (the input arrays above all): a Pending that outlives its
-        flush keeps this object, for its error if the run failed."""
-        self.inputs = self.specs = self.input_of = self.values = self.records = None
+        flush keeps this object, for its error if the run failed. The values' references stay
+        while the checks are unread (a failed check makes them unreadable)."""
+        self.inputs = self.specs = self.input_of = self.records = None
+        if not self.unverified():
+            self.values = None
 
 
 class Defer:
@@ -124,6 +143,7 @@ class Defer:
         self._entries: dict[tuple, OpEntry] = {}
         self._lock = threading.RLock()
         self.graph = PendingGraph(self)
+        self._unverified: list[PendingGraph] = []  # flushed graphs whose checks may be unread
 
     # --- recording ---------------------------------------------------------------------------
 
@@ -201,7 +221,12 @@ class Defer:
         if array.__class__ is Pending:
             if array.array is None and array.graph is graph:
                 return ~array.index
-            array = s.value()  # computed by an earlier flush (or its failure raises here)
+            source = array.graph
+            if array.array is not None and source.unverified():  # read as it is: checked with ours
+                graph.sources.add(source)
+                array = array.array
+            else:
+                array = s.value()  # computed by an earlier flush (or its failure raises here)
         elif s.padding is not None:  # a strict-mode bucketed program's padded array: the exact one
             array = s.value()
         return self._input(graph, array, (s.shape, s.dtype))
@@ -250,10 +275,8 @@ class Defer:
             else:
                 found = "hit"
             key = transfer.random_key(module.generator()) if program.exe.layout.uses_rng else None
-            try:
-                results = program.exe.run_arrays(graph.inputs, key)
-            except checks.CheckFailed as failed:
-                raise checks.user_error(failed.check, program.runner._node_at(failed.check["node"])) from None
+            results, graph.flag = program.exe.launch(graph.inputs, key)
+            graph.program = program
         except Exception as e:
             graph.error = e
             events.record("flush", reason=reason, ops=len(graph.records), source=_where(user_frame()),
@@ -275,6 +298,53 @@ class Defer:
         events.record("flush", reason=reason, ops=ops, program=program.key, cache=found, graph=program.name,
                       inputs=inputs, outputs=len(kept), source=_where(user_frame()),
                       ms=round((time.perf_counter() - start) * 1e3, 3))
+        earlier, self._unverified = self._unverified, [graph] if graph.unverified() else []
+        self._verify_each(earlier)  # the previous programs' checks: read once this one is on its way
+
+    # --- checks ------------------------------------------------------------------------------
+
+    def verify(self, graph: PendingGraph) -> None:
+        """Reads the check flags of `graph`'s program and of the graphs whose values it read
+        (waiting for those programs); a failed check raises torch's error for the deferred op,
+        and the values of `graph` stay unreadable (their reads raise it)."""
+        with self._lock:
+            if not graph.unverified():  # read before (a failure raised then; its values say so)
+                return
+            sources, graph.sources = graph.sources, set()
+            flag, graph.flag = graph.flag, None
+            try:
+                for source in sources:
+                    self.verify(source)
+                    if source.error is not None:  # this graph computed from its wrong values
+                        raise source.error
+                if flag is not None:
+                    runner = graph.program.runner
+                    try:
+                        graph.program.exe.verify(flag)
+                    except checks.CheckFailed as failed:
+                        raise checks.user_error(failed.check, runner._node_at(failed.check["node"])) from None
+            except Exception as e:
+                graph.error = e
+                for ref in graph.values or ():
+                    pending = ref()
+                    if pending is not None:
+                        pending.array = None
+                raise
+            finally:
+                graph.values = None
+
+    def verify_all(self) -> None:
+        with self._lock:
+            unverified, self._unverified = self._unverified, []
+            self._verify_each(unverified)
+
+    def _verify_each(self, graphs: list) -> None:
+        for i, g in enumerate(graphs):
+            try:
+                self.verify(g)
+            except Exception:
+                self._unverified.extend(graphs[i + 1:])  # still read at the next flush
+                raise
 
     def _build(self, graph: PendingGraph, kept: tuple) -> Program:
         gm, example = _fused_graph(graph, kept)
@@ -362,8 +432,10 @@ def _where(frame: tuple) -> str:
 
 
 def flush(reason: str) -> None:
-    """Runs the pending graph (torchtpu.sync, synchronize, leaving defer mode)."""
+    """Runs the pending graph and reads every unread check (torchtpu.sync, synchronize,
+    leaving defer mode): a deferred op's error surfaces there at the latest."""
     executor.flush(reason)
+    executor.verify_all()
 
 
 def flush_random(reason: str) -> None:

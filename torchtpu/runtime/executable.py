@@ -233,15 +233,26 @@ class Executable:
             rng_key: the PRNG key when layout.uses_rng; None draws one from torch's default
                 generator, as `run` does.
         """
+        results, flag = self.launch(arrays, rng_key)
+        if flag is not None:  # a host sync of one int32, as in `run`
+            self.verify(flag)
+        return results
+
+    def launch(self, arrays: list, rng_key=None) -> tuple[list, object]:
+        """`run_arrays` without waiting: the results, and the program's check flag (a 0-d device
+        array; None when it has no checks) for `verify` to read when the caller chooses (defer
+        mode reads it when a value is read or at the next flush, not at the launch)."""
         if self._execute is None:
             raise NotRunnableHere(f"this executable was compiled for {self.device} without one attached")
         if self.layout.uses_rng:
             key = rng_key if rng_key is not None else jax.device_put(transfer.random_key(), self.device)
             arrays = [key, *arrays]
         results = self.execute(arrays)
-        if self.layout.checks:  # a host sync of one int32, as in `run`
-            checks.raise_if_failed(self.layout.checks, transfer.scalar(results.pop()))
-        return results
+        return results, (results.pop() if self.layout.checks else None)
+
+    def verify(self, flag) -> None:
+        """Waits for the program of `flag` (from `launch`) and raises CheckFailed if a check failed."""
+        checks.raise_if_failed(self.layout.checks, transfer.scalar(flag))
 
 
 def _initialize_lapack() -> None:
