@@ -172,9 +172,8 @@ class Pending:
     def get(self, reason: str):
         if self.array is None:
             self.graph.flush(reason)
-        graph = self.graph
-        if graph.flag is not None or graph.sources:  # its program's checks, read before its value
-            graph.verify()
+        if self.graph.unverified():  # its program's checks, read before its value
+            self.graph.verify()
         if self.array is None:  # its graph failed
             raise RuntimeError(f"torchtpu.device: this tensor's value was never computed: the deferred "
                                f"graph that writes it failed ({self.graph.error})") from self.graph.error

@@ -186,7 +186,7 @@ class Executable:
         results = self.execute(self.input_arrays(args, resident, like))
         args.clear()
         if self.layout.checks:  # a host sync of one int32 (docs/DECISIONS.md 49)
-            checks.raise_if_failed(self.layout.checks, transfer.scalar(results.pop()))
+            self.verify(results.pop())
         return self.outputs(results, like, dense_from)
 
     def input_arrays(self, args: list, resident: frozenset[int], like: torch.device | None) -> list:
