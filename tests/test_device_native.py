@@ -63,3 +63,45 @@ def test_without_the_library_views_and_the_guard_are_pythons():
               "print('kernels.py' in line, w.grad.cpu().reshape(-1).tolist())\n")
     out = helpers.run_python(script, env={**os.environ, "TORCHTPU_DEVICE_NATIVE": "0"}).split(maxsplit=1)
     assert out[0] == "True" and out[1].strip() == str((2 * torch.arange(6.0).view(2, 3).t().reshape(-1)).tolist())
+
+
+def _recorded_event():
+    event = torch.Event(device="tpu")
+    event.record()  # (an event never recorded has nothing to wait for: torch returns at once)
+    return event
+
+
+def test_torchs_synchronize_calls_run_what_defer_mode_left_pending():
+    from torchtpu.device import defer
+
+    x = torch.arange(4.0).to("tpu")
+    with torchtpu.eager_mode("defer"):
+        for wait in (torch.accelerator.synchronize, torch.Stream(device="tpu").synchronize,
+                     lambda: _recorded_event().synchronize()):
+            y = x * 3 + 1
+            assert defer.pending_ops() == 2
+            wait()
+            assert defer.pending_ops() == 0
+            assert y.untyped_storage()._tpu.array.array is not None  # computed, not only launched
+            assert y.cpu().tolist() == [1.0, 4.0, 7.0, 10.0]
+
+
+def test_a_deferred_ops_error_reaches_torch_accelerator_synchronize():
+    x = torch.arange(4.0).to("tpu")
+    with torchtpu.eager_mode("defer"):
+        x[torch.tensor([7]).to("tpu")]  # torch raises IndexError at the op; defer mode at the wait
+        with pytest.raises(RuntimeError, match=r"(?s)IndexError.*index out of bounds.*aten.index.Tensor.*"
+                                               r"test_device_native.py"):
+            torch.accelerator.synchronize()
+    torch.accelerator.synchronize()  # the error was raised once; nothing is left to wait for
+
+
+def test_without_the_library_torchs_synchronize_is_torchs_unsupported_error():
+    script = ("import torch, torchtpu.device\n"
+              "torch.arange(3.0).to('tpu')\n"
+              "try:\n"
+              "    torch.accelerator.synchronize()\n"
+              "except RuntimeError as e:\n"
+              "    print(str(e).splitlines()[0])\n")
+    out = helpers.run_python(script, env={**os.environ, "TORCHTPU_DEVICE_NATIVE": "0"})
+    assert out.strip().endswith("Backend doesn't support synchronizing all streams on device.")

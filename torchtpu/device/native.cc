@@ -12,12 +12,16 @@
 // several times per autograd node (a Python guard takes the GIL and calls Python each time: 30
 // calls for one 8x8 matmul's forward and backward), and a Python view kernel is a round trip
 // into Python per view (~130 a training step); both do only what the Python versions did.
+// Waiting on the device (torch.accelerator.synchronize, Stream and Event synchronize) calls
+// back into torch.tpu.synchronize, which native.py registers at load.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
+
+#include <atomic>
 
 namespace {
 
@@ -53,8 +57,21 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &choose);
 
 namespace {
 
-// One device, tpu:0; streams and events are no-ops (programs order themselves): what torch's
-// guard for a Python backend does, without calling into Python for the device type.
+// torch.tpu.synchronize, as native.py registers it: 0, or nonzero with the Python error's
+// message written into `message` (at most `size` bytes, zero-terminated).
+using Synchronize = int (*)(char* message, size_t size);
+std::atomic<Synchronize> synchronize_callback{nullptr};
+
+void synchronize() {
+  const Synchronize fn = synchronize_callback.load();
+  if (fn == nullptr) return;  // nothing registered: nothing ran on the device
+  char message[4096] = {0};
+  TORCH_CHECK(fn(message, sizeof(message)) == 0, message);
+}
+
+// One device, tpu:0; one stream, whose programs order themselves, so waiting on the stream, an
+// event or the device is torch.tpu.synchronize: what torch's guard for a Python backend does
+// (which had no synchronize at all), without calling into Python for the device type.
 struct Guard final : c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
   static c10::Device device() { return c10::Device(kType, 0); }
@@ -74,7 +91,9 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   bool queryEvent(void*) const override { return true; }
   void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
   bool queryStream(const c10::Stream&) const override { return true; }
-  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeStream(const c10::Stream&) const override { synchronize(); }
+  void synchronizeEvent(void*) const override { synchronize(); }
+  void synchronizeDevice(const c10::DeviceIndex) const override { synchronize(); }
 };
 
 // A view op on tpu tensors: torch's CPU kernel, which only computes size, stride and offset
@@ -84,6 +103,8 @@ void cpu_view(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
 }
 
 }  // namespace
+
+extern "C" void torchtpu_set_synchronize(Synchronize fn) { synchronize_callback.store(fn); }
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);  // replaces the Python backend's guard
 

@@ -4,10 +4,12 @@
 
 Today: torch's attention-backend stub for the tpu device, so scaled_dot_product_attention
 runs as one fused op (device/attention.py) rather than torch's math decomposition; the device
-guard; the metadata-only view kernels. Built with `$CXX` (default g++) into
+guard, whose synchronize (torch.accelerator.synchronize, Stream/Event.synchronize) calls
+torch.tpu.synchronize back; the metadata-only view kernels. Built with `$CXX` (default g++) into
 TORCHTPU_EXTENSION_DIR like the CPU kernels (cxx.py); where it cannot be built, or with
 TORCHTPU_DEVICE_NATIVE=0, attention takes the math path, the guard and the views are Python's
-(slower, the same results), and one warning says why.
+(slower, the same results), torch.accelerator.synchronize raises torch's "Backend doesn't
+support" error (torch.tpu.synchronize works), and one warning says why.
 """
 from __future__ import annotations
 
@@ -41,13 +43,32 @@ def load() -> bool:
             return False
         try:
             path = cxx.build(SOURCE, library_path(), [], "the tpu device's C++ registrations")
-            _state["lib"] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # its static initializers register
+            lib = _state["lib"] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # its static initializers register
+            _state["synchronize"] = callback = _SYNCHRONIZE(_synchronize)  # kept: C++ holds only its address
+            lib.torchtpu_set_synchronize(callback)
             _state["ok"] = True
         except (OSError, subprocess.CalledProcessError) as exc:
             _state.update(ok=False, why=cxx.why_not(exc))
             log.warning("torchtpu.device: C++ registrations unavailable (attention takes torch's math path, "
                         "the guard and the view kernels are Python's): %s", _state["why"])
     return _state["ok"]
+
+
+_SYNCHRONIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+
+
+def _synchronize(message: int, size: int) -> int:
+    """The guard's synchronize: torch.tpu.synchronize; an error's type and message go back to
+    C++ (which raises it as torch's RuntimeError), as ctypes cannot raise through C."""
+    try:
+        from torchtpu.device import module
+
+        module.synchronize()
+        return 0
+    except BaseException as e:  # noqa: BLE001 (any error must reach the caller, not stop here)
+        text = f"{type(e).__name__}: {e}".encode(errors="replace")[:size - 1]
+        ctypes.memmove(message, text, len(text))
+        return 1
 
 
 def loaded() -> bool:
