@@ -79,6 +79,9 @@ class Record(typing.NamedTuple):
     where: tuple  # (filename, line, function) of the user's code that called it
 
 
+_record = tuple.__new__  # Record(*fields) without NamedTuple's Python-level __new__ (once per op)
+
+
 class Node:
     """A trie node: the sequence of steps so far. Programs by the values kept as outputs."""
 
@@ -177,9 +180,10 @@ class Defer:
                         refs.append(~array.index)
                     else:
                         refs.append(self._ref(graph, s))
-                for value, (dtype, how) in zip(call.scalars, entry.scalars):
-                    refs.append(self._input(graph, transfer.host_scalar(value) if how == "host"
-                                            else transfer.scalar(value, dtype), ((), dtype), fresh=True))
+                if call.scalars:
+                    for value, (dtype, how) in zip(call.scalars, entry.scalars):
+                        refs.append(self._input(graph, transfer.host_scalar(value) if how == "host"
+                                                else transfer.scalar(value, dtype), ((), dtype), fresh=True))
             except BaseException:
                 _drop_inputs(graph, inputs)  # the op is not recorded: nor are its inputs
                 raise
@@ -192,9 +196,14 @@ class Defer:
             graph.node = child
             values = graph.values
             first = len(values)
-            results = [Pending(shape, graph, first + i) for i, shape in enumerate(entry.result_shapes)]
-            values.extend([weakref.ref(p) for p in results])
-            graph.records.append(Record(entry, refs, first, user_frame()))
+            shapes = entry.result_shapes
+            if len(shapes) == 1:  # most ops (a list comprehension is a call of its own)
+                results = [Pending(shapes[0], graph, first)]
+                values.append(weakref.ref(results[0]))
+            else:
+                results = [Pending(shape, graph, first + i) for i, shape in enumerate(shapes)]
+                values.extend([weakref.ref(p) for p in results])
+            graph.records.append(_record(Record, (entry, refs, first, user_frame())))
             if entry.random:
                 graph.random = True
             if _graph_task() != -1:
