@@ -457,6 +457,24 @@ def test_backward_formulas_with_a_zero_tensor_and_an_index_put():
           atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_slice_and_select_backward_are_one_op_each(dtype, monkeypatch):
+    """torch's composite for them is zeros + a copy_ into a view: two programs per backward."""
+    from torchtpu.device import strict
+
+    ran = []
+    run = strict.run
+    monkeypatch.setattr(strict, "run", lambda op, args, kwargs: (ran.append(str(op)), run(op, args, kwargs))[1])
+    x = torch.randn(4, 6, 5).to(dtype)
+    t = x.to(TPU).requires_grad_()
+    loss = lambda v: (v[:, 1:5:2, -3:] * 2).sum() + (v[2, :, 1] * 3).sum() + v[..., :2].sum()  # noqa: E731
+    (expected,) = torch.autograd.grad(loss(x.requires_grad_()), x)
+    (g,) = torch.autograd.grad(loss(t), t)
+    _same(g, expected)
+    assert ran.count("aten.slice_backward.default") == 3 and ran.count("aten.select_backward.default") == 2
+    assert "aten.zeros.default" not in ran and "aten.copy_.default" not in ran, ran
+
+
 @pytest.mark.parametrize("foreach", [None, False])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_mlp_training_steps_match_cpu(optimizer, foreach):

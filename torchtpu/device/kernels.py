@@ -29,14 +29,16 @@ VIEWS = (aten.as_strided.default, aten.view.default, aten._reshape_alias.default
 # fill), index_put (else _index_put_impl_, which has no functional form with a rule),
 # convolutions (else convolution_overrideable, a backend's own kernel), cummax/cummin (else
 # _cummax_helper, which writes its outputs and has no functional form), native_group_norm (else
-# torch's math composite, which views a channels-last input as if it were contiguous and fails).
+# torch's math composite, which views a channels-last input as if it were contiguous and fails),
+# slice_backward and select_backward (else zeros + a copy_ into a view of them: two ops, for
+# every backward of `x[..., :k]` or `x[i]`; rotary embeddings take 16 a step in a 2-layer Llama).
 DIRECT = (aten.convolution.default, aten.convolution_backward.default, aten.cummax.default,
           aten.cummin.default, aten.randn.default, aten.rand.default, aten.randint.default, aten.randint.low,
           aten.randperm.default, aten.zeros.default, aten.ones.default, aten.full.default,
           aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default,
           aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
           aten.rand_like.default, aten.randn_like.default, aten.index_put_.default, aten.index_put.default,
-          aten.native_group_norm.default)
+          aten.native_group_norm.default, aten.slice_backward.default, aten.select_backward.default)
 # torch's optimizers' foreach ops (Adam, AdamW, SGD, ...): one program (strict) or one recorded
 # step (defer) over the whole list, where torch's slow path for a backend would run one op per
 # tensor. graph.py decomposes each into its per-tensor ops while tracing.
