@@ -105,3 +105,28 @@ def test_without_the_library_torchs_synchronize_is_torchs_unsupported_error():
               "    print(str(e).splitlines()[0])\n")
     out = helpers.run_python(script, env={**os.environ, "TORCHTPU_DEVICE_NATIVE": "0"})
     assert out.strip().endswith("Backend doesn't support synchronizing all streams on device.")
+
+
+def test_wraps_tensor_maker_is_the_librarys_and_makes_pythons_tensor():
+    from torchtpu.device import storage
+
+    assert storage._make_tensor is not storage._python_make_tensor
+    x = torch.arange(24.0).to("tpu")
+    untyped = x.untyped_storage()
+    for size, stride, offset, dtype in [([4, 6], [6, 1], 0, torch.float32), ([3, 2], [1, 5], 4, torch.float32),
+                                        ([0, 7], [7, 1], 24, torch.float32), ([], [], 23, torch.float32),
+                                        ([48], [1], 0, torch.bfloat16)]:
+        made = [make(untyped, size, stride, offset, dtype)
+                for make in (storage._make_tensor, storage._python_make_tensor)]
+        for t in made:
+            assert t.device == torch.device("tpu", 0) and t.dtype == dtype and not t.requires_grad
+            assert list(t.shape) == size and list(t.stride()) == stride and t.storage_offset() == offset
+            assert t.untyped_storage()._tpu is untyped._tpu and t.data_ptr() == made[1].data_ptr()
+        assert torch._C._dispatch_keys(made[0]) == torch._C._dispatch_keys(made[1])
+    view = storage._make_tensor(untyped, [3, 2], [1, 5], 4, torch.float32)
+    assert view.cpu().tolist() == torch.arange(24.0).as_strided([3, 2], [1, 5], 4).tolist()
+    for make in (storage._make_tensor, storage._python_make_tensor):  # torch's set_ bound, both ways
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            make(untyped, [5, 6], [6, 1], 0, torch.float32)
+    with pytest.raises(TypeError):
+        storage._make_tensor(untyped, [2, "a"], [1, 1], 0, torch.float32)

@@ -3,7 +3,9 @@
     library_path(source, stem, *versions)   where it lives: TORCHTPU_EXTENSION_DIR, default
                                             `$XDG_CACHE_HOME/torchtpu/extensions`, one file per
                                             source, torch, C++ ABI and the given versions
-    build(source, path, includes, what)     compiles it unless it exists, under a lock, atomically
+    build(source, path, includes, what[, python])
+                                            compiles it unless it exists, under a lock, atomically
+                                            (python: also a CPython extension module)
     switched_on(var)                        the library's environment switch (unset: on)
     why_not(exc)                            what a failed build or load says, the compiler's tail too
 
@@ -46,9 +48,12 @@ def library_path(source: Path, stem: str, *versions: str) -> Path:
     return root.expanduser() / f"{stem}-{h.hexdigest()[:16]}.so"
 
 
-def build(source: Path, path: Path, includes: list, what: str) -> Path:
-    """Compiles `source` into `path` unless it exists. Raises OSError, or CalledProcessError with
-    the compiler's output, when it cannot."""
+def build(source: Path, path: Path, includes: list, what: str, python: bool = False) -> Path:
+    """Compiles `source` into `path` unless it exists; `python`: it is also a CPython extension
+    module, against this Python's headers and torch's Python bindings (libtorch_python). Raises
+    OSError, or CalledProcessError with the compiler's output, when it cannot."""
+    import sysconfig
+
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -60,10 +65,13 @@ def build(source: Path, path: Path, includes: list, what: str) -> Path:
             return path
         torch_dir = Path(torch.__file__).parent
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        if python:
+            includes = [*includes, torch_dir / "include/torch/csrc/api/include", sysconfig.get_paths()["include"]]
         cmd = [os.environ.get("CXX", "g++"), "-O2", "-shared", "-fPIC", "-std=c++17", "-w",
                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
                f"-I{torch_dir / 'include'}", *[f"-I{d}" for d in includes], str(source),
-               f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", str(tmp)]
+               f"-L{torch_dir / 'lib'}", *(["-ltorch_python"] if python else []), "-ltorch_cpu", "-lc10",
+               f"-Wl,-rpath,{torch_dir / 'lib'}", "-o", str(tmp)]
         log.warning("torchtpu: building %s into %s (once per torch version, ~10 s)", what, path)
         try:
             subprocess.run(cmd, check=True, capture_output=True, text=True)

@@ -5,21 +5,24 @@
 Today: torch's attention-backend stub for the tpu device, so scaled_dot_product_attention
 runs as one fused op (device/attention.py) rather than torch's math decomposition; the device
 guard, whose synchronize (torch.accelerator.synchronize, Stream/Event.synchronize) calls
-torch.tpu.synchronize back; the metadata-only view kernels. Built with `$CXX` (default g++) into
+torch.tpu.synchronize back; the metadata-only view kernels; and, as the CPython module
+torchtpu.device._native, the body of storage.wrap (every op's results). Built with `$CXX` (default g++) into
 TORCHTPU_EXTENSION_DIR like the CPU kernels (cxx.py); where it cannot be built, or with
-TORCHTPU_DEVICE_NATIVE=0, attention takes the math path, the guard and the views are Python's
-(slower, the same results), torch.accelerator.synchronize raises torch's "Backend doesn't
+TORCHTPU_DEVICE_NATIVE=0, attention takes the math path, the guard, the views and wrap are
+Python's (slower, the same results), torch.accelerator.synchronize raises torch's "Backend doesn't
 support" error (torch.tpu.synchronize works), and one warning says why.
 """
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import logging
 import subprocess
 import sys
 from pathlib import Path
 
 from torchtpu import cxx
+from torchtpu.device import storage
 
 SOURCE = Path(__file__).with_name("native.cc")
 log = logging.getLogger("torchtpu.device")
@@ -31,7 +34,7 @@ def enabled() -> bool:
 
 
 def library_path() -> Path:
-    return cxx.library_path(SOURCE, "device_native")
+    return cxx.library_path(SOURCE, "device_native", sys.implementation.cache_tag)  # a CPython module too
 
 
 def load() -> bool:
@@ -42,15 +45,19 @@ def load() -> bool:
             _state.update(ok=False, why="TORCHTPU_DEVICE_NATIVE is off")
             return False
         try:
-            path = cxx.build(SOURCE, library_path(), [], "the tpu device's C++ registrations")
+            path = cxx.build(SOURCE, library_path(), [], "the tpu device's C++ registrations", python=True)
             lib = _state["lib"] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # its static initializers register
             _state["synchronize"] = callback = _SYNCHRONIZE(_synchronize)  # kept: C++ holds only its address
             lib.torchtpu_set_synchronize(callback)
+            spec = importlib.util.spec_from_file_location("torchtpu.device._native", path)
+            extension = importlib.util.module_from_spec(spec)  # the same library, loaded once: its PyInit
+            spec.loader.exec_module(extension)
+            storage.use_make_tensor(extension.make_tensor)
             _state["ok"] = True
-        except (OSError, subprocess.CalledProcessError) as exc:
+        except (OSError, ImportError, subprocess.CalledProcessError) as exc:
             _state.update(ok=False, why=cxx.why_not(exc))
             log.warning("torchtpu.device: C++ registrations unavailable (attention takes torch's math path, "
-                        "the guard and the view kernels are Python's): %s", _state["why"])
+                        "the guard, the view kernels and wrap are Python's): %s", _state["why"])
     return _state["ok"]
 
 

@@ -221,9 +221,23 @@ def wrap(storage: DeviceStorage, size, stride=None, offset: int = 0, dtype=None)
     """A new tpu tensor over `storage` with torch's size/stride/offset (sequences of ints)."""
     if stride is None:
         stride = contiguous_stride(size)
-    t = _create_empty(size, dtype or storage.dtype)
-    _set_storage_cpu(_CPU, t, torch_storage(storage), offset, size, stride)
+    return _make_tensor(torch_storage(storage), size, stride, offset, dtype or storage.dtype)
+
+
+def _python_make_tensor(untyped: torch.UntypedStorage, size, stride, offset: int, dtype) -> torch.Tensor:
+    """An empty tpu tensor, then torch's CPU set_ (metadata and its bounds check only)."""
+    t = _create_empty(size, dtype)
+    _set_storage_cpu(_CPU, t, untyped, offset, size, stride)
     return t
+
+
+_make_tensor = _python_make_tensor  # native.cc's make_tensor once the library loads (the same tensor)
+
+
+def use_make_tensor(make_tensor) -> None:
+    """wrap's tensor maker from now on (device/native.py: the C++ one)."""
+    global _make_tensor
+    _make_tensor = make_tensor
 
 
 def point(t: torch.Tensor, storage: DeviceStorage, size, stride=None, offset: int = 0) -> torch.Tensor:
