@@ -49,16 +49,25 @@ def load() -> bool:
             lib = _state["lib"] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # its static initializers register
             _state["synchronize"] = callback = _SYNCHRONIZE(_synchronize)  # kept: C++ holds only its address
             lib.torchtpu_set_synchronize(callback)
-            spec = importlib.util.spec_from_file_location("torchtpu.device._native", path)
-            extension = importlib.util.module_from_spec(spec)  # the same library, loaded once: its PyInit
-            spec.loader.exec_module(extension)
-            storage.use_make_tensor(extension.make_tensor)
-            _state["ok"] = True
-        except (OSError, ImportError, subprocess.CalledProcessError) as exc:
+            _state["ok"] = True  # its registrations are in: the rest is an optional speed-up
+            _use_make_tensor(path)
+        except (OSError, subprocess.CalledProcessError) as exc:
             _state.update(ok=False, why=cxx.why_not(exc))
             log.warning("torchtpu.device: C++ registrations unavailable (attention takes torch's math path, "
                         "the guard, the view kernels and wrap are Python's): %s", _state["why"])
     return _state["ok"]
+
+
+def _use_make_tensor(path: Path) -> None:
+    """storage.wrap's tensors from the library's CPython module (the same library: its PyInit)."""
+    try:
+        spec = importlib.util.spec_from_file_location("torchtpu.device._native", path)
+        extension = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(extension)
+    except ImportError as exc:
+        log.warning("torchtpu.device: the C++ tensor maker is unavailable (wrap stays Python's): %s", exc)
+        return
+    storage.use_make_tensor(extension.make_tensor)
 
 
 _SYNCHRONIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
