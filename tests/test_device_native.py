@@ -130,3 +130,53 @@ def test_wraps_tensor_maker_is_the_librarys_and_makes_pythons_tensor():
             make(untyped, [5, 6], [6, 1], 0, torch.float32)
     with pytest.raises(TypeError):
         storage._make_tensor(untyped, [2, "a"], [1, 1], 0, torch.float32)
+
+
+def _python_marker(t, state):
+    """call._State.tensor with the library's fast path switched off."""
+    from torchtpu.device import call
+
+    fast, call._fast_marker = call._fast_marker, None
+    try:
+        return state.tensor(t, None)
+    finally:
+        call._fast_marker = fast
+
+
+def test_tensor_markers_are_pythons_and_leave_the_rest_to_python():
+    from torchtpu.device import call
+
+    assert call._fast_marker is not None
+    x = torch.arange(24.0).to("tpu")
+    others = [x.view(4, 6).t()[1:3], x[5], torch.ones(3, dtype=torch.bfloat16).to("tpu"), x.view(2, 12),
+              torch.nn.Parameter(torch.ones(2).to("tpu"))]  # torch counts a Parameter as a plain tensor
+    fast, slow = call._State(True), call._State(True)
+    for t in others:
+        marker = call._fast_marker(t, fast.index, fast.storages)
+        assert marker == _python_marker(t, slow) and type(marker[3]) is torch.Size, marker
+    assert fast.storages == slow.storages and fast.index == slow.index and len(fast.storages) == 3
+    # not the common case: Python's path decides (and registers nothing here)
+    class Sub(torch.Tensor):
+        pass
+
+    for t in (x.view(torch.int32), torch.ones(2, dtype=torch.float64).to("tpu"), torch.ones(2), 3.0,
+              x.as_subclass(Sub)):
+        assert call._fast_marker(t, fast.index, fast.storages) is None
+    assert len(fast.storages) == 3
+
+
+def test_the_user_frame_is_pythons():
+    import threading
+
+    from torchtpu.device import call
+
+    def here():
+        return call.user_frame(), call._python_user_frame()
+
+    native, python = here()
+    assert native == python and native[0] == __file__ and native[2] == "here"
+    got = []
+    thread = threading.Thread(target=lambda: got.append(call.user_frame()))  # outermost: threading's frame
+    thread.start()
+    thread.join()
+    assert got[0][0] == __file__

@@ -47,7 +47,8 @@ from torchtpu.compiler.driver import compile_graph
 from torchtpu.compiler.errors import LoweringError
 from torchtpu.device import graph as graphs
 from torchtpu.device import module, transfer
-from torchtpu.device.call import SCALAR, TENSOR, OpCall, schema_of, user_frame
+from torchtpu.device import call as calls
+from torchtpu.device.call import SCALAR, TENSOR, OpCall, schema_of
 from torchtpu.device.storage import DeviceStorage, Padded, contiguous_stride, wrap
 from torchtpu.options import BUCKETING_MIN, Options
 from torchtpu.plans import evaluate, expr_of
@@ -299,7 +300,7 @@ class Growth:
     def family(self, call: OpCall) -> int:
         """The number of `call`'s op and call site."""
         key = (id(call.op), tuple((len(s.shape), s.dtype) for s in call.storages), _shapeless(call.template),
-               torch.get_default_dtype(), user_frame())
+               torch.get_default_dtype(), calls.user_frame())
         return self._numbers.setdefault(key, len(self._numbers))
 
     def observe(self, call: OpCall, family: int) -> dict:

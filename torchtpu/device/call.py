@@ -16,6 +16,7 @@ any other CPU tensor with dimensions is torch's mixed-device error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -192,6 +193,11 @@ class _State:
         return v
 
     def tensor(self, t: torch.Tensor, arg: ArgInfo):
+        fast = _fast_marker
+        if fast is not None:  # the common case in C++ (device/native.cc), else the same below
+            marker = fast(t, self.index, self.storages)
+            if marker is not None:
+                return marker
         s = getattr(t.untyped_storage(), "_tpu", None)
         if s is None:
             device = t.device
@@ -232,7 +238,7 @@ _INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__
 _internal_code: dict = {}
 
 
-def user_frame() -> tuple:
+def _python_user_frame() -> tuple:
     """(filename, line, function) of the innermost frame outside torch and torchtpu: the user's
     line that called the op."""
     f = sys._getframe(1)
@@ -248,3 +254,15 @@ def user_frame() -> tuple:
         f = f.f_back
     code = last.f_code if last is not None else None
     return (code.co_filename, last.f_lineno, code.co_name) if code else ("?", 0, "?")
+
+
+user_frame = _python_user_frame  # callers look it up here (call.user_frame): native.cc's once loaded
+_fast_marker = None  # native.cc's tensor_marker once loaded
+
+
+def use_native(tensor_marker, set_marker_types, native_user_frame) -> None:
+    """The C++ twins of _State.tensor's common case and of user_frame (device/native.py)."""
+    global _fast_marker, user_frame
+    set_marker_types(TENSOR, torch.Size)
+    _fast_marker = tensor_marker
+    user_frame = functools.partial(native_user_frame, _INTERNAL, _internal_code)  # no frame of its own

@@ -40,8 +40,8 @@ from torchtpu import counters, events
 from torchtpu.compiler import checks, registry
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.compiler.errors import LoweringError
+from torchtpu.device import call as calls
 from torchtpu.device import module, strict, transfer
-from torchtpu.device.call import user_frame
 from torchtpu.device.graph import HostOnly, scalar_markers
 from torchtpu.device.storage import Pending
 
@@ -203,7 +203,7 @@ class Defer:
             else:
                 results = [Pending(shape, graph, first + i) for i, shape in enumerate(shapes)]
                 values.extend([weakref.ref(p) for p in results])
-            graph.records.append(_record(Record, (entry, refs, first, user_frame())))
+            graph.records.append(_record(Record, (entry, refs, first, calls.user_frame())))
             if entry.random:
                 graph.random = True
             if _graph_task() != -1:
@@ -288,7 +288,7 @@ class Defer:
             graph.program = program
         except Exception as e:
             graph.error = e
-            events.record("flush", reason=reason, ops=len(graph.records), source=_where(user_frame()),
+            events.record("flush", reason=reason, ops=len(graph.records), source=_where(calls.user_frame()),
                           error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             graph.release()
             raise
@@ -305,7 +305,7 @@ class Defer:
         counters.bump("defer_ops", ops)
         counters.bump("eager_hits", graph.hits)
         events.record("flush", reason=reason, ops=ops, program=program.key, cache=found, graph=program.name,
-                      inputs=inputs, outputs=len(kept), source=_where(user_frame()),
+                      inputs=inputs, outputs=len(kept), source=_where(calls.user_frame()),
                       ms=round((time.perf_counter() - start) * 1e3, 3))
         earlier, self._unverified = self._unverified, [graph] if graph.unverified() else []
         self._verify_each(earlier)  # the previous programs' checks: read once this one is on its way

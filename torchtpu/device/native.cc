@@ -15,10 +15,14 @@
 // Waiting on the device (torch.accelerator.synchronize, Stream and Event synchronize) calls
 // back into torch.tpu.synchronize, which native.py registers at load.
 //
-// The library is also a CPython module (torchtpu.device._native) with one function, the body of
-// storage.wrap: a tpu tensor over a torch storage, with size, stride and offset. In Python that
-// is an empty tensor and a redispatched set_ (~2.3 us, once for every result of every op); here
-// ~0.6 us, the same tensor (keys, storage, metadata) and the same bounds check.
+// The library is also a CPython module (torchtpu.device._native) of three functions on every
+// op's path, each doing what its Python twin does (which stays where the library is off):
+//   make_tensor    the body of storage.wrap: a tpu tensor over a torch storage, with size,
+//                  stride and offset (Python: an empty tensor and a redispatched set_, ~2.3 us
+//                  for every result of every op; here ~0.6 us, the same tensor and bound check)
+//   tensor_marker  call.py's marker of a tpu tensor argument, for the common case (its storage's
+//                  dtype, not float64, not padded); anything else returns None to Python's path
+//   user_frame     call.py's innermost frame outside torch and torchtpu (defer mode, per op)
 #include <Python.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -26,6 +30,7 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Storage.h>
@@ -175,9 +180,190 @@ PyObject* make_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// Set once by native.py: call.TENSOR, torch.Size, and the interned attribute names.
+PyObject* tensor_tag = nullptr;
+PyTypeObject* size_type = nullptr;
+PyObject* tpu_name = nullptr;
+PyObject* dtype_name = nullptr;
+PyObject* padding_name = nullptr;
+
+PyObject* set_marker_types(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 2 && PyType_Check(args[1]), "set_marker_types(TENSOR, torch.Size)");
+  Py_INCREF(args[0]);
+  Py_INCREF(args[1]);
+  tensor_tag = args[0];
+  size_type = reinterpret_cast<PyTypeObject*>(args[1]);
+  tpu_name = PyUnicode_InternFromString("_tpu");
+  dtype_name = PyUnicode_InternFromString("dtype");
+  padding_name = PyUnicode_InternFromString("padding");
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* int_tuple(PyTypeObject* type, c10::IntArrayRef values) {
+  PyObject* out = type->tp_alloc(type, static_cast<Py_ssize_t>(values.size()));
+  if (out == nullptr) throw python_error();
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyObject* v = PyLong_FromLongLong(values[i]);
+    if (v == nullptr) {
+      Py_DECREF(out);
+      throw python_error();
+    }
+    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), v);
+  }
+  return out;
+}
+
+// tensor_marker(t, index: dict, storages: list) -> (TENSOR, storage index, dtype, size, stride,
+// offset), registering t's DeviceStorage in index/storages as call._State.tensor does; or None
+// where Python's path decides (not a plain tpu tensor of ours, a dtype view, float64, padded).
+PyObject* tensor_marker(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 3 && tensor_tag != nullptr, "tensor_marker(t, index, storages) before set_marker_types");
+  if (!THPVariable_CheckExact(args[0])) Py_RETURN_NONE;
+  const at::Tensor& t = THPVariable_Unpack(args[0]);
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 || !t.has_storage()) Py_RETURN_NONE;
+  const auto scalar_type = t.scalar_type();
+  if (scalar_type == at::kDouble) Py_RETURN_NONE;
+  PyObject* untyped = THPStorage_Wrap(t.storage());
+  if (untyped == nullptr) throw python_error();
+  PyObject* storage = PyObject_GetAttr(untyped, tpu_name);
+  Py_DECREF(untyped);
+  if (storage == nullptr) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(scalar_type));  // borrowed
+  PyObject* storage_dtype = PyObject_GetAttr(storage, dtype_name);
+  const bool same_dtype = storage_dtype == dtype;
+  Py_XDECREF(storage_dtype);
+  if (!same_dtype) {
+    Py_DECREF(storage);
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  PyObject* key = PyLong_FromVoidPtr(storage);  // id(storage)
+  PyObject* position = key ? PyDict_GetItemWithError(args[1], key) : nullptr;  // borrowed
+  if (position != nullptr) {
+    Py_INCREF(position);
+  } else if (key != nullptr && !PyErr_Occurred()) {
+    PyObject* padding = PyObject_GetAttr(storage, padding_name);
+    const bool plain = padding == Py_None;
+    Py_XDECREF(padding);
+    if (!plain) {  // padded (or no such attribute): Python's path
+      Py_DECREF(key);
+      Py_DECREF(storage);
+      PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+    position = PyLong_FromSsize_t(PyList_GET_SIZE(args[2]));
+    if (position == nullptr || PyDict_SetItem(args[1], key, position) < 0 || PyList_Append(args[2], storage) < 0) {
+      Py_XDECREF(position);
+      position = nullptr;
+    }
+  }
+  Py_XDECREF(key);
+  Py_DECREF(storage);
+  if (position == nullptr) throw python_error();
+  PyObject* size = nullptr;
+  PyObject* stride = nullptr;
+  PyObject* offset = nullptr;
+  try {
+    size = int_tuple(size_type, t.sizes());
+    stride = int_tuple(&PyTuple_Type, t.strides());
+    offset = PyLong_FromLongLong(t.storage_offset());
+    if (offset == nullptr) throw python_error();
+  } catch (...) {
+    Py_DECREF(position);
+    Py_XDECREF(size);
+    Py_XDECREF(stride);
+    throw;
+  }
+  PyObject* marker = PyTuple_New(6);
+  if (marker == nullptr) {
+    Py_DECREF(position);
+    Py_DECREF(size);
+    Py_DECREF(stride);
+    Py_DECREF(offset);
+    throw python_error();
+  }
+  Py_INCREF(tensor_tag);
+  Py_INCREF(dtype);
+  PyTuple_SET_ITEM(marker, 0, tensor_tag);
+  PyTuple_SET_ITEM(marker, 1, position);
+  PyTuple_SET_ITEM(marker, 2, dtype);
+  PyTuple_SET_ITEM(marker, 3, size);
+  PyTuple_SET_ITEM(marker, 4, stride);
+  PyTuple_SET_ITEM(marker, 5, offset);
+  return marker;
+  END_HANDLE_TH_ERRORS
+}
+
+bool internal_file(PyObject* filename, PyObject* prefixes) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prefixes); ++i) {
+    const Py_ssize_t match = PyUnicode_Tailmatch(filename, PyTuple_GET_ITEM(prefixes, i), 0, PY_SSIZE_T_MAX, -1);
+    if (match < 0) throw python_error();
+    if (match) return true;
+  }
+  return false;
+}
+
+PyObject* frame_tuple(PyFrameObject* frame, PyCodeObject* code) {
+  return Py_BuildValue("(OiO)", code->co_filename, PyFrame_GetLineNumber(frame), code->co_name);
+}
+
+// user_frame(prefixes: tuple[str], cache: dict[code, bool]) -> (filename, line, function) of the
+// innermost frame whose file starts with none of the prefixes; else the outermost frame's.
+PyObject* user_frame(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 2 && PyTuple_Check(args[0]) && PyDict_Check(args[1]), "user_frame(prefixes, cache)");
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed: the caller's
+  Py_XINCREF(frame);
+  PyFrameObject* last = nullptr;
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    PyObject* known = PyDict_GetItemWithError(args[1], reinterpret_cast<PyObject*>(code));
+    bool internal;
+    if (known != nullptr) {
+      internal = known == Py_True;
+    } else if (PyErr_Occurred()) {
+      internal = true;
+      PyErr_Clear();
+    } else {
+      internal = internal_file(code->co_filename, args[0]);
+      PyDict_SetItem(args[1], reinterpret_cast<PyObject*>(code), internal ? Py_True : Py_False);
+    }
+    if (!internal) {
+      PyObject* out = frame_tuple(frame, code);
+      Py_DECREF(code);
+      Py_DECREF(frame);
+      Py_XDECREF(last);
+      return out;
+    }
+    Py_DECREF(code);
+    Py_XDECREF(last);
+    last = frame;
+    frame = PyFrame_GetBack(frame);
+  }
+  if (last == nullptr) return Py_BuildValue("(sis)", "?", 0, "?");
+  PyCodeObject* code = PyFrame_GetCode(last);
+  PyObject* out = frame_tuple(last, code);
+  Py_DECREF(code);
+  Py_DECREF(last);
+  return out;
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"make_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_tensor)), METH_FASTCALL,
      "make_tensor(storage, size, stride, offset, dtype): a tpu tensor over the storage"},
+    {"set_marker_types", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_marker_types)), METH_FASTCALL,
+     "set_marker_types(TENSOR, torch.Size): what tensor_marker builds its markers of"},
+    {"tensor_marker", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(tensor_marker)), METH_FASTCALL,
+     "tensor_marker(t, index, storages): call._State.tensor's marker, or None for Python's path"},
+    {"user_frame", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(user_frame)), METH_FASTCALL,
+     "user_frame(prefixes, cache): call.user_frame's (filename, line, function)"},
     {nullptr, nullptr, 0, nullptr}};
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "torchtpu.device._native", nullptr, -1, methods};
 

@@ -6,7 +6,8 @@ Today: torch's attention-backend stub for the tpu device, so scaled_dot_product_
 runs as one fused op (device/attention.py) rather than torch's math decomposition; the device
 guard, whose synchronize (torch.accelerator.synchronize, Stream/Event.synchronize) calls
 torch.tpu.synchronize back; the metadata-only view kernels; and, as the CPython module
-torchtpu.device._native, the body of storage.wrap (every op's results). Built with `$CXX` (default g++) into
+torchtpu.device._native, three pieces of every op's path: the body of storage.wrap, the marker
+of a tensor argument (call.py) and the user's frame (defer mode). Built with `$CXX` (default g++) into
 TORCHTPU_EXTENSION_DIR like the CPU kernels (cxx.py); where it cannot be built, or with
 TORCHTPU_DEVICE_NATIVE=0, attention takes the math path, the guard, the views and wrap are
 Python's (slower, the same results), torch.accelerator.synchronize raises torch's "Backend doesn't
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 
 from torchtpu import cxx
-from torchtpu.device import storage
+from torchtpu.device import call, storage
 
 SOURCE = Path(__file__).with_name("native.cc")
 log = logging.getLogger("torchtpu.device")
@@ -59,15 +60,16 @@ def load() -> bool:
 
 
 def _use_make_tensor(path: Path) -> None:
-    """storage.wrap's tensors from the library's CPython module (the same library: its PyInit)."""
+    """The library's CPython module (the same library: its PyInit) for storage.wrap and call.py."""
     try:
         spec = importlib.util.spec_from_file_location("torchtpu.device._native", path)
         extension = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(extension)
     except ImportError as exc:
-        log.warning("torchtpu.device: the C++ tensor maker is unavailable (wrap stays Python's): %s", exc)
+        log.warning("torchtpu.device: the C++ module is unavailable (wrap, markers and frames stay Python's): %s", exc)
         return
     storage.use_make_tensor(extension.make_tensor)
+    call.use_native(extension.tensor_marker, extension.set_marker_types, extension.user_frame)
 
 
 _SYNCHRONIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
