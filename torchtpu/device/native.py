@@ -7,11 +7,12 @@ runs as one fused op (device/attention.py) rather than torch's math decompositio
 guard, whose synchronize (torch.accelerator.synchronize, Stream/Event.synchronize) calls
 torch.tpu.synchronize back; the metadata-only view kernels; and, as the CPython module
 torchtpu.device._native, three pieces of every op's path: the body of storage.wrap, the marker
-of a tensor argument (call.py) and the user's frame (defer mode). Built with `$CXX` (default g++) into
-TORCHTPU_EXTENSION_DIR like the CPU kernels (cxx.py); where it cannot be built, or with
-TORCHTPU_DEVICE_NATIVE=0, attention takes the math path, the guard, the views and wrap are
-Python's (slower, the same results), torch.accelerator.synchronize raises torch's "Backend doesn't
-support" error (torch.tpu.synchronize works), and one warning says why.
+of a tensor argument (call.py) and the user's frame (defer mode). Built with `$CXX` (default
+g++) into TORCHTPU_EXTENSION_DIR like the CPU kernels (cxx.py); where it cannot be built, or
+with TORCHTPU_DEVICE_NATIVE=0, attention takes the math path, the guard, the views, wrap, the
+markers and the frames are Python's (slower, the same results), torch.accelerator.synchronize
+raises torch's "Backend doesn't support" error (torch.tpu.synchronize works), and one warning
+says why.
 """
 from __future__ import annotations
 
@@ -51,15 +52,15 @@ def load() -> bool:
             _state["synchronize"] = callback = _SYNCHRONIZE(_synchronize)  # kept: C++ holds only its address
             lib.torchtpu_set_synchronize(callback)
             _state["ok"] = True  # its registrations are in: the rest is an optional speed-up
-            _use_make_tensor(path)
+            _use_module(path)
         except (OSError, subprocess.CalledProcessError) as exc:
             _state.update(ok=False, why=cxx.why_not(exc))
             log.warning("torchtpu.device: C++ registrations unavailable (attention takes torch's math path, "
-                        "the guard, the view kernels and wrap are Python's): %s", _state["why"])
+                        "the guard, the view kernels, wrap, markers and frames are Python's): %s", _state["why"])
     return _state["ok"]
 
 
-def _use_make_tensor(path: Path) -> None:
+def _use_module(path: Path) -> None:
     """The library's CPython module (the same library: its PyInit) for storage.wrap and call.py."""
     try:
         spec = importlib.util.spec_from_file_location("torchtpu.device._native", path)
