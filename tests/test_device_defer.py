@@ -56,7 +56,8 @@ for _name in ("test_target_program_prints_like_torch", "test_seeds_and_rng_state
               "test_host_only_ops_run_on_a_copy", "test_conv_net_forward_backward_and_scans_match_cpu",
               "test_linear_forward_backward_matches_cpu", "test_deepcopy_dtype_views_and_accumulating_index_put",
               "test_tiny_llama_forward_matches_cpu", "test_compiled_graphs_take_and_return_device_arrays",
-              "test_memory_stats_count_live_storages", "test_group_norm_of_a_channels_last_input_matches_cpu"):
+              "test_memory_stats_count_live_storages", "test_group_norm_of_a_channels_last_input_matches_cpu",
+              "test_slice_and_select_backward_are_one_op_each"):
     globals()[_name] = getattr(strict_tests, _name)
 
 
@@ -130,6 +131,27 @@ def test_every_flush_point_has_its_reason():
     for t, k in ((y, 5), (z, 6), (v, 7)):
         assert torch.equal(t.cpu(), x.cpu() + k)
     assert w.shape == (3,)
+
+
+def test_the_trie_of_sequences_is_bounded(monkeypatch):
+    """Sequences that never repeat (a new size each step) would keep every program forever."""
+    monkeypatch.setenv("TORCHTPU_DEFER_MAX_PROGRAMS", "3")
+    torchtpu.sync()
+    resets, since = _count("defer_trie_resets"), _mark()
+    for n in range(1, 9):
+        x = torch.arange(float(n)).to(TPU)
+        assert ((x + 1) * 2).cpu().tolist() == [(i + 1) * 2 for i in range(n)]
+        assert defer.executor._programs <= 3
+    assert _count("defer_trie_resets") - resets >= 2
+    reset = [e for e in torchtpu.inspect.events()[since:] if e["kind"] == "defer_reset"]
+    assert reset and reset[0]["programs"] == 3 and reset[0]["limit"] == 3
+    monkeypatch.delenv("TORCHTPU_DEFER_MAX_PROGRAMS")
+    torchtpu.sync()
+    resets = _count("defer_trie_resets")
+    x = torch.ones(4).to(TPU)
+    for _ in range(5):  # a loop whose sequence repeats: one program, kept
+        assert ((x + 1) * 2).cpu().tolist() == [4.0] * 4
+    assert _count("defer_trie_resets") == resets
 
 
 def test_max_ops_and_backward_flush(monkeypatch):

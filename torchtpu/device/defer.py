@@ -20,7 +20,9 @@ The lookup is a trie over steps (per-op key id, input wiring): a step of a known
 dict lookup, and a flush of a known sequence builds no graph. On a miss the ops' graphs are
 inlined into one FX graph that goes through compile_graph (passes, memory and disk cache, XLA).
 Only values a storage still holds at the flush are outputs: an intermediate nobody holds
-(its tensor freed: a weak reference died) stays inside the program.
+(its tensor freed: a weak reference died) stays inside the program. The trie is bounded: past
+TORCHTPU_DEFER_MAX_PROGRAMS programs (default 512) or 200,000 nodes a flush starts a new one
+(counted, and a "defer_reset" event), so sequences that never repeat cannot grow it forever.
 """
 from __future__ import annotations
 
@@ -47,15 +49,27 @@ from torchtpu.device.storage import Pending
 
 _MAX_OPS_ENV = "TORCHTPU_DEFER_MAX_OPS"
 _DEFAULT_MAX_OPS = 2048
+# The trie keeps every op sequence it saw and the programs of each: a workload whose sequences
+# never repeat (new shapes every step) would grow it, and hold its executables, without end.
+_MAX_PROGRAMS_ENV, _DEFAULT_MAX_PROGRAMS = "TORCHTPU_DEFER_MAX_PROGRAMS", 512
+_MAX_STEPS = 200_000  # trie nodes (one per recorded op of a new sequence): ~60 MB at most
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _graph_task = torch._C._current_graph_task_id
 
 
 def max_ops() -> int:
+    return _positive(_MAX_OPS_ENV, _DEFAULT_MAX_OPS)
+
+
+def max_programs() -> int:
+    return _positive(_MAX_PROGRAMS_ENV, _DEFAULT_MAX_PROGRAMS)
+
+
+def _positive(var: str, default: int) -> int:
     try:
-        return max(int(os.environ.get(_MAX_OPS_ENV, _DEFAULT_MAX_OPS)), 1)
+        return max(int(os.environ.get(var, default)), 1)
     except ValueError:
-        return _DEFAULT_MAX_OPS
+        return default
 
 
 @dataclasses.dataclass
@@ -147,6 +161,8 @@ class Defer:
         self._lock = threading.RLock()
         self.graph = PendingGraph(self)
         self._unverified: list[PendingGraph] = []  # flushed graphs whose checks may be unread
+        self._steps = 0  # trie nodes made since the last reset
+        self._programs = 0  # programs the trie holds
 
     # --- recording ---------------------------------------------------------------------------
 
@@ -193,6 +209,7 @@ class Defer:
             child = node.children.get(step)
             if child is None:
                 child = node.children[step] = Node()
+                self._steps += 1
             graph.node = child
             values = graph.values
             first = len(values)
@@ -267,10 +284,20 @@ class Defer:
             graph = graph or self.graph
             if graph is not self.graph:
                 return  # flushed already
+            if self._programs >= max_programs() or self._steps >= _MAX_STEPS:
+                self._forget(reason)
             self.graph = PendingGraph(self)
             if not graph.records:
                 return
             self._run(graph, reason)
+
+    def _forget(self, reason: str) -> None:
+        """Starts a new trie (the graph being flushed finishes in the old one): its programs go
+        with it, to be found again in compile_graph's caches if their sequences come back."""
+        counters.bump("defer_trie_resets")
+        events.record("defer_reset", reason=reason, programs=self._programs, steps=self._steps,
+                      limit=max_programs())
+        self.root, self._steps, self._programs = Node(), 0, 0
 
     def _run(self, graph: PendingGraph, reason: str) -> None:
         start = time.perf_counter()
@@ -280,6 +307,7 @@ class Defer:
             if program is None:
                 compiles = counters.stats()["xla_compiles"]
                 program = graph.node.programs[kept] = self._build(graph, kept)
+                self._programs += 1
                 found = "compile" if counters.stats()["xla_compiles"] > compiles else "cache"
             else:
                 found = "hit"
