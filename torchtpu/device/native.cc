@@ -16,7 +16,7 @@
 // back into torch.tpu.synchronize, which native.py registers at load.
 //
 // The library is also a CPython module (torchtpu.device._native) of three functions on every
-// op's path, each doing what its Python twin does (which stays where the library is off):
+// op's path (and set_marker_types, their setup), each doing what its Python twin does (which stays where the library is off):
 //   make_tensor    the body of storage.wrap: a tpu tensor over a torch storage, with size,
 //                  stride and offset (Python: an empty tensor and a redispatched set_, ~2.3 us
 //                  for every result of every op; here ~0.6 us, the same tensor and bound check)
@@ -180,7 +180,7 @@ PyObject* make_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
-// Set once by native.py: call.TENSOR, torch.Size, and the interned attribute names.
+// Set once (call.use_native, at load): call.TENSOR, torch.Size, and the interned attribute names.
 PyObject* tensor_tag = nullptr;
 PyTypeObject* size_type = nullptr;
 PyObject* tpu_name = nullptr;

@@ -16,6 +16,7 @@ says why.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib.util
 import logging
@@ -51,6 +52,7 @@ def load() -> bool:
             lib = _state["lib"] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # its static initializers register
             _state["synchronize"] = callback = _SYNCHRONIZE(_synchronize)  # kept: C++ holds only its address
             lib.torchtpu_set_synchronize(callback)
+            atexit.register(lib.torchtpu_set_synchronize, None)  # no call into a finalizing interpreter
             _state["ok"] = True  # its registrations are in: the rest is an optional speed-up
             _use_module(path)
         except (OSError, subprocess.CalledProcessError) as exc:
