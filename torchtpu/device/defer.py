@@ -284,19 +284,20 @@ class Defer:
             graph = graph or self.graph
             if graph is not self.graph:
                 return  # flushed already
-            if self._programs >= max_programs() or self._steps >= _MAX_STEPS:
-                self._forget(reason)
+            limit = max_programs()
+            if self._programs >= limit or self._steps >= _MAX_STEPS:
+                self._forget(reason, limit)
             self.graph = PendingGraph(self)
             if not graph.records:
                 return
             self._run(graph, reason)
 
-    def _forget(self, reason: str) -> None:
+    def _forget(self, reason: str, limit: int) -> None:
         """Starts a new trie (the graph being flushed finishes in the old one): its programs go
         with it, to be found again in compile_graph's caches if their sequences come back."""
         counters.bump("defer_trie_resets")
         events.record("defer_reset", reason=reason, programs=self._programs, steps=self._steps,
-                      limit=max_programs())
+                      limit=limit)
         self.root, self._steps, self._programs = Node(), 0, 0
 
     def _run(self, graph: PendingGraph, reason: str) -> None:
