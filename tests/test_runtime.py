@@ -197,3 +197,42 @@ def test_kept_result_handlers_give_the_first_calls_arrays():
     for got, expected in zip(exe.outputs(second, x.device), (x * 2, (x > 0).sum(), x.to(torch.int64))):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
     assert exe.run_arrays(arrays)[1].aval == first[1].aval  # the eager device's path takes them too
+
+
+_EXIT_CHECK = """
+import atexit, sys
+seen = {}
+
+@atexit.register  # registered first, so it runs last: after torchtpu's own handler
+def report():
+    from torchtpu.runtime import executable
+    print(sys.getrefcount(executable._recent_inputs) - seen["refs"], seen["views"], flush=True)
+
+import torch
+import torchtpu  # noqa: F401
+from torchtpu.runtime import executable
+
+x = torch.randn(4, 8)
+torch.compile(lambda t: (t * 2).sum(0), backend="tpu", fullgraph=True)(x)
+held = executable._recent_inputs
+seen["refs"] = sys.getrefcount(held)
+seen["views"] = any(a.unsafe_buffer_pointer() == x.data_ptr() for run in held for a in run)
+"""
+
+
+def test_cpu_launch_parameters_outlive_the_interpreter(tmp_path):
+    """On the CPU a program's parameters are views of torch tensors, and PJRT's worker thread
+    drops its reference when a run ends. Were that the last reference while the interpreter
+    finalizes, torch's deleter would take the GIL there and the process would abort
+    ("terminate called without an active exception"). The last runs' parameters are held, and
+    kept for good at exit, before the interpreter finalizes."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _EXIT_CHECK], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TORCHTPU_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    extra_refs, views = out.stdout.split()
+    assert views == "True"  # what is held are the views of the caller's tensor
+    assert extra_refs == "1"  # torchtpu's exit handler ran first and kept them

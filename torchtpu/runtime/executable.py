@@ -6,6 +6,9 @@ directly (`execute_sharded`), whether it came from `jax.jit(...).compile()` or f
 """
 from __future__ import annotations
 
+import atexit
+import collections
+import ctypes
 import dataclasses
 from typing import Callable
 
@@ -18,6 +21,22 @@ from torchtpu.compiler import checks
 from torchtpu.compiler.spec import spec_of
 from torchtpu.layout import ProgramLayout
 from torchtpu.runtime import residency, transfer
+
+
+# The parameters of the last few launches on the CPU, where they are views of torch tensors'
+# memory (DLPack): PJRT's worker thread drops its own reference at the end of a run, after the
+# results are ready, and when that reference is the last, torch's deleter takes the GIL. Once
+# the interpreter is finalizing that ends the worker thread inside a noexcept frame and the
+# process aborts ("terminate called without an active exception", 2 runs in 102 of a cached
+# CNN here). Held here, a parameter's last reference is Python's; at exit they are kept for
+# good, so no run still finishing can be the one to free them (docs/DECISIONS.md 90).
+_IN_FLIGHT_RUNS = 4
+_recent_inputs: collections.deque = collections.deque(maxlen=_IN_FLIGHT_RUNS)
+
+
+@atexit.register  # registered after jax's own handlers, so it runs before them
+def _keep_recent_inputs() -> None:
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_recent_inputs))
 
 
 class CompiledGraph:
@@ -209,6 +228,8 @@ class Executable:
         per result (its aval and sharding, which an executable's results never change); later
         calls hand PJRT those handlers, which skips building a sharding object per result."""
         results = self._execute(arrays)
+        if self._cpu:
+            _recent_inputs.append(tuple(arrays))  # a copy: callers may clear their list
         if self._result_handlers is not None:
             return results.consume_with_handlers(self._result_handlers)
         out = [r[0] for r in results.disassemble_into_single_device_arrays()]
