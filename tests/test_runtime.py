@@ -3,6 +3,9 @@ taken only when AOTAutograd's wrapper has nothing to do."""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -226,10 +229,6 @@ def test_cpu_launch_parameters_outlive_the_interpreter(tmp_path):
     finalizes, torch's deleter would take the GIL there and the process would abort
     ("terminate called without an active exception"). The last runs' parameters are held, and
     kept for good at exit, before the interpreter finalizes."""
-    import os
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", _EXIT_CHECK], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TORCHTPU_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-3000:]
