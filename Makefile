@@ -4,7 +4,7 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PIP_PKGS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 numpy networkx flatbuffers \
-            expecttest pytest pytest-xdist hypothesis transformers matplotlib \
+            expecttest pytest pytest-xdist hypothesis transformers==5.24.0 matplotlib \
             diffusers accelerate
 
 .PHONY: demo test bench coverage browser clean
