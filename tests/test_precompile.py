@@ -205,3 +205,55 @@ def test_a_graph_with_a_host_op_precompiles_and_reloads(tmp_path):
     after = torchtpu.stats()
     assert after["device_regions"] > before["device_regions"]  # rebuilt as regions again
     assert after.get("precompiled_fallback_calls", 0) == before.get("precompiled_fallback_calls", 0)
+
+
+
+def _layer_class():
+    """A module class made by a factory, as transformers 5.25's hub-kernel layers are."""
+
+    class Layer(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x) * 2
+
+    return Layer
+
+
+class WithMadeLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.act = torch.nn.Linear(8, 8), _layer_class()()
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def _train_loss(model, x):
+    return model(x).pow(2).mean()
+
+
+def test_a_layer_of_a_class_made_in_a_function_saves_its_training_graphs(tmp_path):
+    """A layer whose class is local to a function does not pickle; the backward's nodes name it
+    in `fwd_nn_module_stack`, metadata nothing below the backend reads, which the saved graph
+    leaves out (torch's filter drops only the forward's stacks)."""
+    model, x = WithMadeLayer(), torch.randn(4, 8)
+    path = torchtpu.precompile.save(_train_loss, (model, x), tmp_path / "made.tpu")
+    run, said = _load_warning(path)
+    assert run.loaded and said == []
+    run(model, x).backward()
+    got = model.lin.weight.grad.clone()
+    model.zero_grad()
+    _train_loss(model, x).backward()
+    torch.testing.assert_close(got, model.lin.weight.grad)
+
+
+def test_a_swapped_submodule_class_is_another_model(tmp_path):
+    """The guards on a made class's type are dropped (above): the header's model signature names
+    every submodule's class, so a model whose layer is another class is refused."""
+    model, x = WithMadeLayer(), torch.randn(4, 8)
+    path = torchtpu.precompile.save(model, (x,), tmp_path / "made.tpu")
+    assert torchtpu.precompile.load(path, model).loaded
+    model.act = torch.nn.Tanh()  # the same parameters
+    run, said = _load_warning(path, model)
+    assert not run.loaded and "another model" in said[0], said
+    torch.testing.assert_close(run(x), model(x))

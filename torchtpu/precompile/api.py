@@ -166,7 +166,7 @@ def _serializable_guards(dropped: list[str]) -> Callable:
     """A guard filter that keeps the guards torch can serialize. Those it drops check object
     identity (a module, a function, a class, a global's dict version): a fresh process has new
     objects by construction. What they protected is checked by the artifact's header instead:
-    the traced source spans, the model's class and parameter signature, the versions."""
+    the traced source spans, the model's classes and parameter signature, the versions."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
@@ -174,13 +174,25 @@ def _serializable_guards(dropped: list[str]) -> Callable:
     def keep(entries) -> list[bool]:
         out = []
         for e in entries:
-            drop = e.is_global or e.guard_type in unsupported or bool(unsupported & set(e.derived_guard_types))
+            drop = (e.is_global or e.guard_type in unsupported or bool(unsupported & set(e.derived_guard_types))
+                    or _local_type_match(e))
             if drop:
                 dropped.append(e.guard_type)
             out.append(not drop)
         return out
 
     return keep
+
+
+def _local_type_match(entry) -> bool:
+    """A type guard on an object whose class is local to a function or nested in a class (a
+    factory's class, as transformers' hub-kernel layers are): torch cannot name such a class in
+    another process and refuses the whole artifact. The model's signature in the header names
+    every submodule's class instead, and the traced source spans cover its code."""
+    if entry.guard_type != "TYPE_MATCH" or not entry.has_value:
+        return False
+    t = type(entry.value)
+    return t.__qualname__ != t.__name__
 
 
 def _module_globals(aot) -> dict[str, str]:

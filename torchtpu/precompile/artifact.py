@@ -110,13 +110,20 @@ def _span_hash(module: str, first: int, last: int) -> str:
 
 
 def model_signature(model) -> str | None:
-    """The model's class and its parameters' and buffers' names, shapes and dtypes, hashed."""
+    """The model's class, its submodules' classes and its parameters' and buffers' names, shapes
+    and dtypes, hashed."""
     if model is None:
         return None
     import torch
 
-    h = hashlib.sha256(f"{type(model).__module__}.{type(model).__qualname__}".encode())
+    h = hashlib.sha256(_class_name(model).encode())
     if isinstance(model, torch.nn.Module):
+        for name, m in model.named_modules():
+            h.update(f"\0{name}={_class_name(m)}".encode())
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             h.update(f"\0{name}:{tuple(t.shape)}:{t.dtype}".encode())
     return h.hexdigest()
+
+
+def _class_name(obj) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
