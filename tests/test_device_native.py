@@ -180,3 +180,115 @@ def test_the_user_frame_is_pythons():
     thread.start()
     thread.join()
     assert got[0][0] == __file__
+
+
+def _python_describe(op, args, kwargs, lift=True):
+    """call.describe with the library's fast paths switched off."""
+    from torchtpu.device import call
+
+    saved = call._fast_marker, call._fast_describe
+    call._fast_marker = call._fast_describe = None
+    try:
+        return call.describe(op, args, kwargs, lift)
+    finally:
+        call._fast_marker, call._fast_describe = saved
+
+
+def test_describe_is_pythons_and_leaves_the_rest_to_python():
+    from torchtpu.device import call
+
+    assert call._fast_describe is not None
+    aten = torch.ops.aten
+    x = torch.arange(24.0).to("tpu")
+    w = torch.nn.Parameter(torch.ones(4, 6).to("tpu"))
+    b = torch.ones(3, dtype=torch.bfloat16).to("tpu")
+    cases = [
+        (aten.add.Tensor, (x, x), {}),
+        (aten.add.Tensor, (x.view(4, 6), w), {"alpha": 0.5}),  # a LIFTED float
+        (aten.add.Scalar, (x, 2), {"alpha": 3}),  # Scalars that stay constants
+        (aten.mul.Tensor, (b, 0.9), {}),  # a wrapped number: a runtime scalar
+        (aten.mul.Tensor, (x, 3), {}),
+        (aten.add.Scalar, (x, -0.0), {}), (aten.add.Scalar, (x, 0.0), {}), (aten.add.Scalar, (x, float("nan")), {}),
+        (aten.add.Scalar, (x, True), {}), (aten.add.Scalar, (x, 1 + 2j), {}),
+        (aten.sum.dim_IntList, (x.view(4, 6), [1]), {"keepdim": True, "dtype": torch.float32}),
+        (aten.view.default, (x, torch.Size([2, 12])), {}),
+        (aten.cat.default, ([x[:4], w.view(-1)[:4], x[4:8]],), {"dim": 0}),
+        (aten._foreach_add_.Scalar, ([x, w, b], 0.25), {}),
+        (aten._foreach_mul_.ScalarList, ([x, w], [0.5, 2.0]), {}),
+        (aten.zeros.default, ([2, 3],), {"dtype": torch.float32, "device": torch.device("tpu")}),
+        (aten.clamp.default, (x,), {"min": None, "max": 1.5}),
+    ]
+    for op, args, kwargs in cases:
+        for lift in (True, False):
+            fast = call.describe(op, args, kwargs, lift)
+            slow = _python_describe(op, args, kwargs, lift)
+            assert fast.key == slow.key and hash(fast.key) == hash(slow.key), (op, fast.key, slow.key)
+            assert fast.template == slow.template and fast.values == slow.values, op
+            assert fast.storages == slow.storages and fast.scalars == slow.scalars and not fast.padded, op
+    # Python's path decides (its own markers, or its error) where the common case does not hold
+    codes = call.schema_of(aten.add.Tensor)
+    native_describe = call._fast_describe
+    for args in ((x, torch.ones(24, dtype=torch.float64).to("tpu")), (x, torch.tensor(2.0)), (x.view(torch.int32), x)):
+        assert native_describe(codes.codes, codes.names, codes.defaults, 0, args, {}, True, torch.float32) is None
+    assert call.describe(aten.add.Tensor, (x, torch.tensor(2.0)), {}).scalars[0].device.type == "cpu"
+    with pytest.raises(NotImplementedError, match="Generator"):
+        call.describe(aten.normal.float_Tensor, (0.0, x), {"generator": torch.Generator()})
+    with pytest.raises(call.MixedDevices):
+        call.describe(aten.add.Tensor, (x, torch.ones(24)), {})
+
+
+def _deferred_steps(fn, *args):
+    """fn(*args) in defer mode: its result on the host and the pending graph's records."""
+    import torchtpu
+    from torchtpu.device import defer
+
+    with torchtpu.eager_mode("defer"):
+        out = fn(*args)
+        graph = defer.executor.graph
+        records = [(r.entry.id, r.refs, r.first_value, r.where[1:]) for r in graph.records]
+        hits, inputs = graph.hits, len(graph.inputs)
+        host = [t.cpu() for t in out]
+    return host, records, hits, inputs
+
+
+def _ops(x, w):
+    y = x @ w + 1.5  # a runtime scalar: Python's path
+    z = (y * x).relu_()  # in place: a written storage, the argument returned
+    values, indices = torch.max(z, dim=1)  # two fresh results
+    s = torch.sigmoid(z.t()[1:])  # a view of a pending value
+    return [y, z, values, indices, s.sum(0)]
+
+
+def test_defer_records_a_known_op_as_python_does():
+    from torchtpu.device import defer
+
+    assert defer._native_record is not None
+    x, w = torch.randn(4, 4).to("tpu"), torch.randn(4, 4).to("tpu")
+    _deferred_steps(_ops, x, w)  # every op key traced: the calls below are hits
+    native = _deferred_steps(_ops, x, w)
+    saved, defer._native_record = defer._native_record, None
+    try:
+        python = _deferred_steps(_ops, x, w)
+    finally:
+        defer._native_record = saved
+    assert native[1:] == python[1:] and native[2] == len(native[1])
+    expected = _ops(x.cpu(), w.cpu())
+    for got_native, got_python, want in zip(native[0], python[0], expected):
+        assert torch.equal(got_native, got_python)
+        torch.testing.assert_close(got_native, want)
+
+
+def test_storage_accounting_is_the_librarys():
+    from torchtpu.device import storage
+
+    assert storage._account is not storage._python_account
+    before = torchtpu.device.module.memory_allocated()
+    t = torch.empty(1000, device="tpu")
+    assert torchtpu.device.module.memory_allocated() == before + 4000
+    assert torchtpu.device.module.max_memory_allocated() >= before + 4000
+    other = torch.empty(10, device="tpu")
+    assert other.data_ptr() >= t.data_ptr() + 4000  # its own range
+    del t
+    assert torchtpu.device.module.memory_allocated() == before + 40
+    torchtpu.device.module.reset_peak_memory_stats()
+    assert torchtpu.device.module.max_memory_allocated() == before + 40

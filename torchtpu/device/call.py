@@ -60,6 +60,10 @@ class Schema:
     returns_alias: tuple  # per return: the position of the argument it aliases, or None
     returns_view: bool  # some return aliases an argument the op does not write (a view op)
     tensor_returns: bool  # every return is a Tensor, Tensor? or Tensor[]
+    # per argument, for native.cc's describe: its kind's code (| 8 when LIFTED), name, default
+    codes: tuple = ()
+    names: tuple = ()
+    defaults: tuple = ()
 
 
 def kind_of(t) -> str:
@@ -105,7 +109,12 @@ def _schema(op: torch._ops.OpOverload) -> Schema:
         aliases.append(position)
         view = view or not r.alias_info.is_write
     tensor_returns = all(kind_of(r.type) in ("tensor", "tensors") for r in s.returns)
-    return Schema(args, tuple(aliases), view, tensor_returns)
+    codes = tuple(_KIND_CODES[a.kind] | (8 if a.name in LIFTED else 0) for a in args)
+    return Schema(args, tuple(aliases), view, tensor_returns, codes, tuple(a.name for a in args),
+                  tuple(a.default for a in args))
+
+
+_KIND_CODES = {"other": 0, "tensor": 1, "tensors": 2, "scalar": 3, "scalars": 4}
 
 
 class OpCall:
@@ -140,7 +149,14 @@ class MixedDevices(RuntimeError):
 def describe(op, args, kwargs, lift: bool = True) -> OpCall:
     """The OpCall of `op(*args, **kwargs)`. `lift=False` keeps every Python number a constant
     (for a program whose lowering needs the value itself)."""
-    specs = schema_of(op).args
+    schema = schema_of(op)
+    fast = _fast_describe
+    if fast is not None:  # the common case in C++ (device/native.cc), else the same below
+        parts = fast(schema.codes, schema.names, schema.defaults, id(op), args, kwargs, lift,
+                     torch.get_default_dtype())
+        if parts is not None:
+            return OpCall(op, *parts)
+    specs = schema.args
     n = len(args)
     if kwargs:
         values = [args[i] if i < n else kwargs.get(a.name, a.default) for i, a in enumerate(specs)]
@@ -258,11 +274,14 @@ def _python_user_frame() -> tuple:
 
 user_frame = _python_user_frame  # callers look it up here (call.user_frame): native.cc's once loaded
 _fast_marker = None  # native.cc's tensor_marker once loaded
+_fast_describe = None  # native.cc's describe once loaded
 
 
-def use_native(tensor_marker, set_marker_types, native_user_frame) -> None:
-    """The C++ twins of _State.tensor's common case and of user_frame (device/native.py)."""
-    global _fast_marker, user_frame
-    set_marker_types(TENSOR, torch.Size)
-    _fast_marker = tensor_marker
+def use_native(extension) -> None:
+    """The C++ twins of describe's and _State.tensor's common case and of user_frame (device/native.py)."""
+    global _fast_marker, _fast_describe, user_frame
+    extension.set_marker_types(TENSOR, torch.Size)
+    extension.set_describe_types(SCALAR, DEVICE, "number", torch.int64, math.nan, torch.device, torch.Generator)
+    _fast_marker, _fast_describe = extension.tensor_marker, extension.describe
+    native_user_frame = extension.user_frame
     user_frame = functools.partial(native_user_frame, _INTERNAL, _internal_code)  # no frame of its own

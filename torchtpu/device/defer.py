@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import linecache
+import math
 import os
 import threading
 import time
@@ -84,6 +85,7 @@ class OpEntry:
     result_shapes: list  # per graph output: the array's shape
     random: bool
     family: int | None = None  # strict.Program's: defer mode does not bucket, its results have no origin
+    native: tuple | None = None  # the form native.cc's record takes (_native_form), None: Python's path
 
 
 class Record(typing.NamedTuple):
@@ -182,6 +184,10 @@ class Defer:
             hit = True
         with self._lock:
             graph = self.graph
+            if hit and entry.native is not None and not call.scalars and _native_record is not None:
+                out = _native_record(self, graph, entry, entry.native, call.storages, call.values)
+                if out is not _DECLINED:
+                    return out
             if len(graph.records) >= graph.limit:
                 self.flush("max_ops", graph)
                 graph = self.graph
@@ -208,8 +214,7 @@ class Defer:
             node = graph.node
             child = node.children.get(step)
             if child is None:
-                child = node.children[step] = Node()
-                self._steps += 1
+                child = self._child(node, step)
             graph.node = child
             values = graph.values
             first = len(values)
@@ -227,6 +232,11 @@ class Defer:
                 self._flush_after_backward(graph)
             return strict._apply(call, entry, results)
 
+    def _child(self, node: Node, step: tuple) -> Node:
+        child = node.children[step] = Node()
+        self._steps += 1
+        return child
+
     def _entry(self, call, op, args, kwargs):
         with self._lock:
             gm, _, plan, call = strict._strict.trace(call, op, args, kwargs)
@@ -236,6 +246,7 @@ class Defer:
             entry = OpEntry(len(self._entries), op, gm, plan, [(m[2], m[3]) for m in scalar_markers(call.template)],
                             shapes, any(n.op == "call_function" and registry.is_random(n.target)
                                                   for n in gm.graph.nodes))
+            entry.native = _native_form(entry)
             self._entries[call.key] = entry
             counters.bump("defer_op_graphs")
             return entry, call
@@ -398,6 +409,38 @@ class Defer:
         return Program(exe, runner, outputs, digest, runner.name)
 
 
+def _native_form(entry: OpEntry) -> tuple | None:
+    """What native.cc's record needs of an entry: (id, result shapes, random, mutated, return
+    forms, one return), each return ("fresh", result, numel, size, stride, dtype), ("arg",
+    position) or None; None where a return is of another kind (a list, a resized out=): those
+    ops take Python's path."""
+    forms = []
+    for r in entry.plan.returns:
+        if r is None or r[0] == "arg":
+            forms.append(r)
+        elif r[0] == "fresh":
+            _, result, size, stride, dtype = r
+            forms.append(("fresh", result, math.prod(size), tuple(size), tuple(stride), dtype))
+        else:
+            return None
+    return (entry.id, tuple(tuple(s) for s in entry.result_shapes), entry.random,
+            tuple(tuple(m) for m in entry.plan.mutated), tuple(forms), len(forms) == 1)
+
+
+_DECLINED = object()  # native.cc's record: Python's path runs the op
+_native_record = None  # native.cc's record once the library loads (use_native)
+
+
+def use_native(extension) -> None:
+    """native.cc's twin of Defer.run's record of a known op (device/native.py)."""
+    global _native_record
+    from torchtpu.device import storage
+
+    extension.set_record_types(storage.Pending, Record, storage.DeviceStorage, _graph_task, _drop_inputs,
+                               calls._INTERNAL, calls._internal_code, _DECLINED)
+    _native_record = extension.record
+
+
 def _drop_inputs(graph: PendingGraph, keep: int) -> None:
     """Forgets the inputs after the first `keep` (a program's inputs must be its steps' inputs)."""
     if graph.inputs is None or len(graph.inputs) <= keep:
@@ -489,3 +532,14 @@ def pending_ops() -> int:
 
 
 executor = Defer()
+
+
+def _use_library() -> None:
+    from torchtpu.device import native
+
+    extension = native.module()
+    if extension is not None:
+        use_native(extension)
+
+
+_use_library()

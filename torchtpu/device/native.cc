@@ -15,7 +15,7 @@
 // Waiting on the device (torch.accelerator.synchronize, Stream and Event synchronize) calls
 // back into torch.tpu.synchronize, which native.py registers at load.
 //
-// The library is also a CPython module (torchtpu.device._native) of three functions on every
+// The library is also a CPython module (torchtpu.device._native) of four functions on every
 // op's path (and set_marker_types, their setup), each doing what its Python twin does (which
 // stays where the library is off):
 //   make_tensor    the body of storage.wrap: a tpu tensor over a torch storage, with size,
@@ -24,6 +24,10 @@
 //   tensor_marker  call.py's marker of a tpu tensor argument, for the common case (its storage's
 //                  dtype, not float64, not padded); anything else returns None to Python's path
 //   user_frame     call.py's innermost frame outside torch and torchtpu (defer mode, per op)
+//   describe       call.describe's body for the common case (every tensor argument takes the
+//                  marker above, no Generator): the values in schema order, the template, the
+//                  storages, the runtime scalars and the key, built as Python builds them; None
+//                  sends the call to Python's path (which then decides everything)
 #include <Python.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -40,6 +44,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cmath>
 
 namespace {
 
@@ -328,6 +333,505 @@ PyObject* user_frame(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// Set once (call.use_native): the markers and types describe builds its template of.
+PyObject* scalar_tag = nullptr;   // call.SCALAR
+PyObject* device_tag = nullptr;   // call.DEVICE
+PyObject* number_how = nullptr;   // "number"
+PyObject* int64_dtype = nullptr;  // torch.int64
+PyObject* nan_value = nullptr;    // math.nan (the key compares it by identity, as Python's does)
+PyTypeObject* device_type = nullptr;     // torch.device
+PyTypeObject* generator_type = nullptr;  // torch.Generator
+PyObject* shape_name = nullptr;
+
+PyObject* set_describe_types(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 7 && PyType_Check(args[5]) && PyType_Check(args[6]),
+              "set_describe_types(SCALAR, DEVICE, 'number', torch.int64, math.nan, torch.device, torch.Generator)");
+  for (Py_ssize_t i = 0; i < nargs; ++i) Py_INCREF(args[i]);
+  scalar_tag = args[0];
+  device_tag = args[1];
+  number_how = args[2];
+  int64_dtype = args[3];
+  nan_value = args[4];
+  device_type = reinterpret_cast<PyTypeObject*>(args[5]);
+  generator_type = reinterpret_cast<PyTypeObject*>(args[6]);
+  shape_name = PyUnicode_InternFromString("shape");
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// An argument's code (call.Schema.codes): its kind, and whether a float in it is lifted (LIFTED).
+enum Kind { kOther = 0, kTensor = 1, kTensors = 2, kScalar = 3, kScalars = 4 };
+constexpr long kLifted = 8;
+
+struct Describing {
+  PyObject* index;     // id(storage) -> position
+  PyObject* storages;  // DeviceStorages in first-use order
+  PyObject* scalars;   // runtime scalars' values
+  PyObject* default_dtype;
+  bool lift;
+};
+
+PyObject* pair(PyObject* a, PyObject* b) {  // new reference to (a, b); borrows both
+  return PyTuple_Pack(2, a, b);
+}
+
+// _State.encode/_State.tensor for one value; nullptr with no error set: Python's path decides.
+PyObject* encode(PyObject* v, long code, Describing& d) {
+  if (THPVariable_Check(v)) {
+    PyObject* const args[3] = {v, d.index, d.storages};
+    PyObject* marker = tensor_marker(nullptr, args, 3);
+    if (marker == Py_None) {
+      Py_DECREF(marker);
+      return nullptr;
+    }
+    return marker;  // or nullptr with the error set
+  }
+  if (PyList_Check(v) || PyTuple_Check(v)) {
+    THPObjectPtr fast(PySequence_Fast(v, "describe"));
+    if (!fast) return nullptr;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast.get());
+    THPObjectPtr out(PyTuple_New(n));
+    if (!out) return nullptr;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = encode(PySequence_Fast_GET_ITEM(fast.get(), i), code, d);
+      if (item == nullptr) return nullptr;
+      PyTuple_SET_ITEM(out.get(), i, item);
+    }
+    return out.release();
+  }
+  PyTypeObject* cls = Py_TYPE(v);
+  const long kind = code & 7;
+  const bool is_float = cls == &PyFloat_Type;
+  if (d.lift && (is_float || cls == &PyLong_Type) &&
+      (kind == kTensor || ((kind == kScalar || kind == kScalars) && (code & kLifted) && is_float))) {
+    const Py_ssize_t position = PyList_GET_SIZE(d.scalars);
+    if (PyList_Append(d.scalars, v) < 0) return nullptr;
+    THPObjectPtr i(PyLong_FromSsize_t(position));
+    if (!i) return nullptr;
+    return PyTuple_Pack(4, scalar_tag, i.get(), is_float ? d.default_dtype : int64_dtype, number_how);
+  }
+  PyObject* type = reinterpret_cast<PyObject*>(cls);
+  if (is_float) {
+    const double x = PyFloat_AS_DOUBLE(v);
+    if (x != x) return pair(type, nan_value);
+    if (x == 0) {
+      THPObjectPtr sign(PyFloat_FromDouble(std::copysign(1.0, x)));
+      if (!sign) return nullptr;
+      return PyTuple_Pack(3, type, v, sign.get());
+    }
+    return pair(type, v);
+  }
+  if (cls == &PyLong_Type || cls == &PyBool_Type || cls == &PyComplex_Type) return pair(type, v);
+  if (cls == device_type) {
+    Py_INCREF(device_tag);
+    return device_tag;
+  }
+  if (PyObject_TypeCheck(v, generator_type)) return nullptr;  // Python's path raises its error
+  Py_INCREF(v);
+  return v;
+}
+
+// describe(codes, names, defaults, op_id, args, kwargs, lift, default_dtype)
+//   -> (values, template, storages, scalars, key), or None for Python's path
+PyObject* describe(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 8 && scalar_tag != nullptr && PyTuple_Check(args[0]) && PyTuple_Check(args[4]),
+              "describe(codes, names, defaults, op_id, args, kwargs, lift, default_dtype) before set_describe_types");
+  PyObject* codes = args[0];
+  PyObject* names = args[1];
+  PyObject* defaults = args[2];
+  PyObject* given = args[4];
+  PyObject* kwargs = args[5] == Py_None || PyDict_GET_SIZE(args[5]) == 0 ? nullptr : args[5];
+  const Py_ssize_t n = PyTuple_GET_SIZE(codes);
+  const Py_ssize_t n_given = PyTuple_GET_SIZE(given);
+  if (n_given > n) Py_RETURN_NONE;
+  THPObjectPtr values(PyList_New(n));
+  THPObjectPtr index(PyDict_New());
+  THPObjectPtr storages(PyList_New(0));
+  THPObjectPtr scalars(PyList_New(0));
+  THPObjectPtr templ(PyTuple_New(n));
+  if (!values || !index || !storages || !scalars || !templ) throw python_error();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* v;
+    if (i < n_given) {
+      v = PyTuple_GET_ITEM(given, i);
+    } else {
+      v = kwargs ? PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(names, i)) : nullptr;
+      if (v == nullptr) {
+        if (PyErr_Occurred()) throw python_error();
+        v = PyTuple_GET_ITEM(defaults, i);
+      }
+    }
+    Py_INCREF(v);
+    PyList_SET_ITEM(values.get(), i, v);
+  }
+  Describing d{index.get(), storages.get(), scalars.get(), args[7], PyObject_IsTrue(args[6]) == 1};
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* marker = encode(PyList_GET_ITEM(values.get(), i), PyLong_AsLong(PyTuple_GET_ITEM(codes, i)), d);
+    if (marker == nullptr) {
+      if (PyErr_Occurred()) throw python_error();
+      Py_RETURN_NONE;
+    }
+    PyTuple_SET_ITEM(templ.get(), i, marker);
+  }
+  const Py_ssize_t n_storages = PyList_GET_SIZE(storages.get());
+  THPObjectPtr specs(PyTuple_New(n_storages));
+  if (!specs) throw python_error();
+  for (Py_ssize_t i = 0; i < n_storages; ++i) {
+    PyObject* s = PyList_GET_ITEM(storages.get(), i);
+    THPObjectPtr shape(PyObject_GetAttr(s, shape_name));
+    THPObjectPtr dtype(PyObject_GetAttr(s, dtype_name));
+    if (!shape || !dtype) throw python_error();
+    PyObject* spec = pair(shape.get(), dtype.get());
+    if (spec == nullptr) throw python_error();
+    PyTuple_SET_ITEM(specs.get(), i, spec);
+  }
+  THPObjectPtr key(PyTuple_Pack(4, args[3], specs.get(), templ.get(), args[7]));
+  if (!key) throw python_error();
+  PyObject* out = PyTuple_Pack(5, values.get(), templ.get(), storages.get(), scalars.get(), key.get());
+  if (out == nullptr) throw python_error();
+  return out;
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* torch_storage(PyObject*, PyObject* storage);  // below
+
+// --- defer mode's record of a known op (defer.Defer.run's hit path) -----------------------------
+
+// Set once (defer.use_native): the classes and functions record builds with and calls back.
+struct RecordTypes {
+  PyObject* pending = nullptr;        // storage.Pending
+  PyObject* record = nullptr;         // defer.Record (a NamedTuple)
+  PyObject* storage = nullptr;        // storage.DeviceStorage
+  PyObject* graph_task = nullptr;     // torch._C._current_graph_task_id
+  PyObject* drop_inputs = nullptr;    // defer._drop_inputs
+  PyObject* frame_prefixes = nullptr; // call._INTERNAL
+  PyObject* frame_cache = nullptr;    // call._internal_code
+  PyObject* declined = nullptr;       // what record returns where Python's path must run instead
+} types;
+
+struct Names {
+  PyObject *array, *graph, *index, *shape, *records, *limit, *hits, *inputs, *specs, *input_of, *node, *children,
+      *values, *random, *ref, *child, *after_backward, *set;
+} names;
+
+PyObject* set_record_types(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 8, "set_record_types(Pending, Record, DeviceStorage, graph_task, drop_inputs, prefixes, "
+              "cache, declined)");
+  PyObject** slots[] = {&types.pending,     &types.record,         &types.storage,     &types.graph_task,
+                        &types.drop_inputs, &types.frame_prefixes, &types.frame_cache, &types.declined};
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    Py_INCREF(args[i]);
+    *slots[i] = args[i];
+  }
+  const char* strings[] = {"array", "graph", "index", "shape", "records", "limit", "hits", "inputs", "specs",
+                           "input_of", "node", "children", "values", "random", "_ref", "_child",
+                           "_flush_after_backward", "set"};
+  PyObject** targets[] = {&names.array, &names.graph, &names.index, &names.shape, &names.records, &names.limit,
+                          &names.hits, &names.inputs, &names.specs, &names.input_of, &names.node, &names.children,
+                          &names.values, &names.random, &names.ref, &names.child, &names.after_backward, &names.set};
+  for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); ++i) *targets[i] = PyUnicode_InternFromString(strings[i]);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+THPObjectPtr attr(PyObject* o, PyObject* name) {
+  THPObjectPtr out(PyObject_GetAttr(o, name));
+  if (!out) throw python_error();
+  return out;
+}
+
+void set_attr(PyObject* o, PyObject* name, PyObject* value) {
+  if (PyObject_SetAttr(o, name, value) < 0) throw python_error();
+}
+
+THPObjectPtr call(PyObject* fn, std::initializer_list<PyObject*> args) {
+  THPObjectPtr out(PyObject_Vectorcall(fn, const_cast<PyObject**>(args.begin()), args.size(), nullptr));
+  if (!out) throw python_error();
+  return out;
+}
+
+THPObjectPtr call_method(PyObject* self, PyObject* name, std::initializer_list<PyObject*> args) {
+  std::vector<PyObject*> all{self};
+  all.insert(all.end(), args.begin(), args.end());
+  THPObjectPtr out(PyObject_VectorcallMethod(name, all.data(), all.size() | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
+  if (!out) throw python_error();
+  return out;
+}
+
+// The input index of `storage` in `graph` (Defer._ref): a value of this graph is ~its index; a
+// plain array is a graph input, once per array; anything else is Python's _ref.
+THPObjectPtr input_ref(PyObject* executor, PyObject* graph, PyObject* storage) {
+  THPObjectPtr array = attr(storage, names.array);
+  if (Py_TYPE(array.get()) == reinterpret_cast<PyTypeObject*>(types.pending)) {
+    THPObjectPtr value = attr(array, names.array);
+    THPObjectPtr owner = attr(array, names.graph);
+    if (value.get() == Py_None && owner.get() == graph) {
+      THPObjectPtr index = attr(array, names.index);
+      THPObjectPtr out(PyNumber_Invert(index));
+      if (!out) throw python_error();
+      return out;
+    }
+    return call_method(executor, names.ref, {graph, storage});
+  }
+  THPObjectPtr padding = attr(storage, padding_name);
+  if (array.get() == Py_None || padding.get() != Py_None) return call_method(executor, names.ref, {graph, storage});
+  THPObjectPtr input_of = attr(graph, names.input_of);
+  THPObjectPtr key(PyLong_FromVoidPtr(array.get()));  // id(array)
+  if (!key) throw python_error();
+  PyObject* known = PyDict_GetItemWithError(input_of, key);  // borrowed
+  if (known != nullptr) {
+    Py_INCREF(known);
+    return THPObjectPtr(known);
+  }
+  if (PyErr_Occurred()) throw python_error();
+  THPObjectPtr inputs = attr(graph, names.inputs);
+  THPObjectPtr specs = attr(graph, names.specs);
+  THPObjectPtr position(PyLong_FromSsize_t(PyList_GET_SIZE(inputs.get())));
+  THPObjectPtr shape = attr(storage, names.shape);
+  THPObjectPtr dtype = attr(storage, dtype_name);
+  THPObjectPtr spec(pair(shape.get(), dtype.get()));
+  if (!position || !spec || PyDict_SetItem(input_of, key, position) < 0 || PyList_Append(inputs, array) < 0 ||
+      PyList_Append(specs, spec) < 0) {
+    throw python_error();
+  }
+  return position;
+}
+
+// A fresh result: DeviceStorage(numel, dtype, pending) and a tensor over it.
+PyObject* fresh_tensor(PyObject* numel, PyObject* size, PyObject* stride, PyObject* dtype, PyObject* pending) {
+  THPObjectPtr storage = call(types.storage, {numel, dtype, pending});
+  THPObjectPtr untyped(torch_storage(nullptr, storage.get()));
+  if (!untyped) throw python_error();
+  THPObjectPtr zero(PyLong_FromLong(0));
+  if (!zero) throw python_error();
+  PyObject* const args[5] = {untyped.get(), size, stride, zero.get(), dtype};
+  PyObject* out = make_tensor(nullptr, args, 5);
+  if (out == nullptr) throw python_error();
+  return out;
+}
+
+// What one return of the op is (the form defer.OpEntry.native gives): ("fresh", result, numel,
+// size, stride, dtype), ("arg", position) or None.
+PyObject* return_value(PyObject* form, PyObject* values, PyObject* results) {
+  if (form == Py_None) Py_RETURN_NONE;
+  if (PyTuple_GET_SIZE(form) == 2) {
+    PyObject* v = PyList_GET_ITEM(values, PyLong_AsSsize_t(PyTuple_GET_ITEM(form, 1)));
+    Py_INCREF(v);
+    return v;
+  }
+  PyObject* pending = PyList_GET_ITEM(results, PyLong_AsSsize_t(PyTuple_GET_ITEM(form, 1)));
+  return fresh_tensor(PyTuple_GET_ITEM(form, 2), PyTuple_GET_ITEM(form, 3), PyTuple_GET_ITEM(form, 4),
+                      PyTuple_GET_ITEM(form, 5), pending);
+}
+
+// record(executor, graph, entry, native, storages, values) -> the op's return value, or `declined`
+// (nothing changed: Python's path runs). `native` is the entry's precomputed form (OpEntry.native):
+// (id, result shapes, random, mutated ((storage, result) ...), returns (forms ...), single).
+// The caller holds the executor's lock, and has looked the entry up (a hit), as Defer.run does.
+PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 6 && types.pending != nullptr, "record(executor, graph, entry, native, storages, values) "
+              "before set_record_types");
+  PyObject* executor = args[0];
+  PyObject* graph = args[1];
+  PyObject* entry = args[2];
+  PyObject* native = args[3];
+  PyObject* storages = args[4];
+  PyObject* values = args[5];
+  THPObjectPtr records = attr(graph, names.records);
+  THPObjectPtr limit = attr(graph, names.limit);
+  if (PyList_GET_SIZE(records.get()) >= PyLong_AsSsize_t(limit)) {  // a flush first: Python's path
+    Py_INCREF(types.declined);
+    return types.declined;
+  }
+  {
+    THPObjectPtr hits = attr(graph, names.hits);
+    THPObjectPtr one(PyLong_FromLong(1));
+    THPObjectPtr more(one ? PyNumber_Add(hits, one) : nullptr);
+    if (!more) throw python_error();
+    set_attr(graph, names.hits, more);
+  }
+  const Py_ssize_t n_storages = PyList_GET_SIZE(storages);
+  THPObjectPtr refs(PyTuple_New(n_storages));
+  if (!refs) throw python_error();
+  {
+    THPObjectPtr inputs = attr(graph, names.inputs);
+    THPObjectPtr kept(PyLong_FromSsize_t(PyList_GET_SIZE(inputs.get())));
+    if (!kept) throw python_error();
+    try {
+      for (Py_ssize_t i = 0; i < n_storages; ++i) {
+        PyTuple_SET_ITEM(refs.get(), i, input_ref(executor, graph, PyList_GET_ITEM(storages, i)).release());
+      }
+    } catch (...) {  // the op is not recorded: nor are its inputs
+      PyObject *type, *value, *traceback;
+      PyErr_Fetch(&type, &value, &traceback);
+      THPObjectPtr dropped(PyObject_CallFunctionObjArgs(types.drop_inputs, graph, kept.get(), nullptr));
+      PyErr_Restore(type, value, traceback);
+      throw;
+    }
+  }
+  {  // one step down the trie
+    THPObjectPtr step(pair(PyTuple_GET_ITEM(native, 0), refs.get()));
+    THPObjectPtr node = attr(graph, names.node);
+    THPObjectPtr children = attr(node, names.children);
+    if (!step) throw python_error();
+    PyObject* child = PyDict_GetItemWithError(children, step);  // borrowed
+    THPObjectPtr owned;
+    if (child == nullptr) {
+      if (PyErr_Occurred()) throw python_error();
+      owned = call_method(executor, names.child, {node.get(), step.get()});
+      child = owned.get();
+    }
+    set_attr(graph, names.node, child);
+  }
+  PyObject* shapes = PyTuple_GET_ITEM(native, 1);
+  const Py_ssize_t n_results = PyTuple_GET_SIZE(shapes);
+  THPObjectPtr graph_values = attr(graph, names.values);
+  const Py_ssize_t first = PyList_GET_SIZE(graph_values.get());
+  THPObjectPtr results(PyList_New(n_results));
+  if (!results) throw python_error();
+  THPObjectPtr empty(PyTuple_New(0));
+  if (!empty) throw python_error();
+  auto* pending_type = reinterpret_cast<PyTypeObject*>(types.pending);
+  for (Py_ssize_t i = 0; i < n_results; ++i) {  // Pending(shape, graph, first + i), without its Python __init__
+    THPObjectPtr p(PyBaseObject_Type.tp_new(pending_type, empty, nullptr));
+    THPObjectPtr index(PyLong_FromSsize_t(first + i));
+    if (!p || !index) throw python_error();
+    set_attr(p, names.shape, PyTuple_GET_ITEM(shapes, i));
+    set_attr(p, names.array, Py_None);
+    set_attr(p, names.graph, graph);
+    set_attr(p, names.index, index);
+    THPObjectPtr ref(PyWeakref_NewRef(p, nullptr));
+    if (!ref || PyList_Append(graph_values, ref) < 0) throw python_error();
+    PyList_SET_ITEM(results.get(), i, p.release());
+  }
+  {
+    PyObject* const frame_args[2] = {types.frame_prefixes, types.frame_cache};
+    THPObjectPtr where(user_frame(nullptr, frame_args, 2));
+    THPObjectPtr start(PyLong_FromSsize_t(first));
+    if (!where || !start) throw python_error();
+    THPObjectPtr fields(PyTuple_Pack(4, entry, refs.get(), start.get(), where.get()));
+    THPObjectPtr packed(fields ? PyTuple_Pack(1, fields.get()) : nullptr);
+    THPObjectPtr rec(packed ? PyTuple_Type.tp_new(reinterpret_cast<PyTypeObject*>(types.record), packed, nullptr)
+                            : nullptr);
+    if (!rec || PyList_Append(records, rec) < 0) throw python_error();
+  }
+  if (PyTuple_GET_ITEM(native, 2) == Py_True) set_attr(graph, names.random, Py_True);
+  {
+    THPObjectPtr task(PyObject_CallNoArgs(types.graph_task));
+    if (!task) throw python_error();
+    if (PyLong_AsLong(task) != -1) call_method(executor, names.after_backward, {graph});
+  }
+  PyObject* mutated = PyTuple_GET_ITEM(native, 3);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mutated); ++i) {
+    PyObject* m = PyTuple_GET_ITEM(mutated, i);
+    PyObject* storage = PyList_GET_ITEM(storages, PyLong_AsSsize_t(PyTuple_GET_ITEM(m, 0)));
+    call_method(storage, names.set, {PyList_GET_ITEM(results.get(), PyLong_AsSsize_t(PyTuple_GET_ITEM(m, 1)))});
+  }
+  PyObject* forms = PyTuple_GET_ITEM(native, 4);
+  if (PyTuple_GET_ITEM(native, 5) == Py_True) return return_value(PyTuple_GET_ITEM(forms, 0), values, results);
+  const Py_ssize_t n_returns = PyTuple_GET_SIZE(forms);
+  if (n_returns == 0) Py_RETURN_NONE;
+  THPObjectPtr out(PyTuple_New(n_returns));
+  if (!out) throw python_error();
+  for (Py_ssize_t i = 0; i < n_returns; ++i) {
+    PyTuple_SET_ITEM(out.get(), i, return_value(PyTuple_GET_ITEM(forms, i), values, results));
+  }
+  return out.release();
+  END_HANDLE_TH_ERRORS
+}
+
+// --- a DeviceStorage's torch storage (storage.torch_storage) -------------------------------------
+
+PyObject* from_pointer = nullptr;  // torch._C._construct_storage_from_data_pointer
+PyObject* device_object = nullptr;  // torch.device("tpu", 0)
+PyObject* address_name = nullptr;
+PyObject* nbytes_name = nullptr;
+
+PyObject* set_storage_maker(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 2, "set_storage_maker(from_pointer, device)");
+  Py_INCREF(args[0]);
+  Py_INCREF(args[1]);
+  from_pointer = args[0];
+  device_object = args[1];
+  address_name = PyUnicode_InternFromString("address");
+  nbytes_name = PyUnicode_InternFromString("nbytes");
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// torch_storage(storage) -> a torch.UntypedStorage over the storage's address range, whose
+// `_tpu` is the storage (storage.torch_storage's twin)
+PyObject* torch_storage(PyObject*, PyObject* storage) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(from_pointer != nullptr, "torch_storage before set_storage_maker");
+  THPObjectPtr address(PyObject_GetAttr(storage, address_name));
+  THPObjectPtr nbytes(PyObject_GetAttr(storage, nbytes_name));
+  if (!address || !nbytes) throw python_error();
+  PyObject* const args[3] = {address.get(), device_object, nbytes.get()};
+  THPObjectPtr untyped(PyObject_Vectorcall(from_pointer, args, 3, nullptr));
+  if (!untyped || PyObject_SetAttr(untyped, tpu_name, storage) < 0) throw python_error();
+  return untyped.release();
+  END_HANDLE_TH_ERRORS
+}
+
+// --- storage accounting (storage.DeviceStorage: every op result makes one) --------------------
+
+// What storage._python_account keeps under its lock, as atomics: bytes allocated, their peak,
+// and the next storage address (each storage its own 64-byte-aligned range, never reused).
+std::atomic<int64_t> allocated_bytes{0};
+std::atomic<int64_t> peak_bytes{0};
+std::atomic<int64_t> next_address{0};
+
+PyObject* start_accounting(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 3, "start_accounting(allocated, peak, next_address)");
+  allocated_bytes = PyLong_AsLongLong(args[0]);
+  peak_bytes = PyLong_AsLongLong(args[1]);
+  next_address = PyLong_AsLongLong(args[2]);
+  if (PyErr_Occurred()) throw python_error();
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// account(nbytes) -> the new storage's address
+PyObject* account(PyObject*, PyObject* nbytes_object) {
+  HANDLE_TH_ERRORS
+  const int64_t nbytes = PyLong_AsLongLong(nbytes_object);
+  if (nbytes == -1 && PyErr_Occurred()) throw python_error();
+  const int64_t address = next_address.fetch_add((nbytes / 64 + 1) * 64);
+  const int64_t now = allocated_bytes.fetch_add(nbytes) + nbytes;
+  int64_t peak = peak_bytes.load();
+  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+  }
+  return PyLong_FromLongLong(address);
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* release(PyObject*, PyObject* nbytes_object) {
+  HANDLE_TH_ERRORS
+  const int64_t nbytes = PyLong_AsLongLong(nbytes_object);
+  if (nbytes == -1 && PyErr_Occurred()) throw python_error();
+  allocated_bytes.fetch_sub(nbytes);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// memory() -> (allocated, peak, next address)
+PyObject* memory(PyObject*, PyObject*) {
+  return Py_BuildValue("(LLL)", static_cast<long long>(allocated_bytes.load()),
+                       static_cast<long long>(peak_bytes.load()), static_cast<long long>(next_address.load()));
+}
+
+PyObject* reset_peak(PyObject*, PyObject*) {
+  peak_bytes = allocated_bytes.load();
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"make_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_tensor)), METH_FASTCALL,
      "make_tensor(storage, size, stride, offset, dtype): a tpu tensor over the storage"},
@@ -337,6 +841,23 @@ PyMethodDef methods[] = {
      "tensor_marker(t, index, storages): call._State.tensor's marker, or None for Python's path"},
     {"user_frame", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(user_frame)), METH_FASTCALL,
      "user_frame(prefixes, cache): call.user_frame's (filename, line, function)"},
+    {"set_describe_types", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_describe_types)),
+     METH_FASTCALL, "set_describe_types(SCALAR, DEVICE, 'number', torch.int64, math.nan, torch.device, torch.Generator)"},
+    {"set_record_types", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_record_types)), METH_FASTCALL,
+     "set_record_types(Pending, Record, DeviceStorage, graph_task, drop_inputs, prefixes, cache, declined)"},
+    {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(record)), METH_FASTCALL,
+     "record(executor, graph, entry, native, storages, values): Defer.run's record of a known op, or declined"},
+    {"set_storage_maker", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_storage_maker)),
+     METH_FASTCALL, "set_storage_maker(torch._C._construct_storage_from_data_pointer, device)"},
+    {"torch_storage", torch_storage, METH_O, "torch_storage(storage): storage.torch_storage's twin"},
+    {"start_accounting", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(start_accounting)),
+     METH_FASTCALL, "start_accounting(allocated, peak, next_address): storage's counters from now on"},
+    {"account", account, METH_O, "account(nbytes) -> address: storage._python_account's twin"},
+    {"release", release, METH_O, "release(nbytes): storage._python_release's twin"},
+    {"memory", memory, METH_NOARGS, "memory() -> (allocated, peak, next address)"},
+    {"reset_peak", reset_peak, METH_NOARGS, "reset_peak(): the peak is what is allocated now"},
+    {"describe", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(describe)), METH_FASTCALL,
+     "describe(codes, names, defaults, op_id, args, kwargs, lift, default_dtype): call.describe's parts, or None"},
     {nullptr, nullptr, 0, nullptr}};
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "torchtpu.device._native", nullptr, -1, methods};
 

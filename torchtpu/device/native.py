@@ -71,8 +71,19 @@ def _use_module(path: Path) -> None:
     except ImportError as exc:
         log.warning("torchtpu.device: the C++ module is unavailable (wrap, markers and frames stay Python's): %s", exc)
         return
-    storage.use_make_tensor(extension.make_tensor)
-    call.use_native(extension.tensor_marker, extension.set_marker_types, extension.user_frame)
+    storage.use_native_makers(extension)
+    storage.use_native_accounting(extension)
+    call.use_native(extension)
+    _state["module"] = extension
+    deferred = sys.modules.get("torchtpu.device.defer")  # imported before the library loaded
+    if deferred is not None:
+        deferred.use_native(extension)
+
+
+def module():
+    """The library's CPython module, once loaded (None where it is not): defer.py takes its
+    record from it when defer mode first runs (importing defer here would import JAX)."""
+    return _state.get("module")
 
 
 _SYNCHRONIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)

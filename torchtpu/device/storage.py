@@ -83,18 +83,10 @@ class DeviceStorage:
         self.numel = numel
         self.dtype = dtype
         self.nbytes = nbytes = numel * dtype.itemsize
-        memory = _memory
-        with _lock:
-            self.address = address = memory["next_address"]
-            memory["next_address"] = address + (nbytes // _ALIGN + 1) * _ALIGN
-            allocated = memory["allocated"] = memory["allocated"] + nbytes
-            if allocated > memory["peak"]:
-                memory["peak"] = allocated
+        self.address = _account(nbytes)
 
     def __del__(self):
-        memory = _memory
-        with _lock:
-            memory["allocated"] -= self.nbytes
+        _release(self.nbytes)
 
     def value(self, reason: str = "read"):
         """The current array, or None while nothing was written. Every read of a storage's
@@ -180,17 +172,52 @@ class Pending:
         return self.array
 
 
+def _python_account(nbytes: int) -> int:
+    """Counts `nbytes` as allocated; returns the new storage's address."""
+    memory = _memory
+    with _lock:
+        address = memory["next_address"]
+        memory["next_address"] = address + (nbytes // _ALIGN + 1) * _ALIGN
+        allocated = memory["allocated"] = memory["allocated"] + nbytes
+        if allocated > memory["peak"]:
+            memory["peak"] = allocated
+    return address
+
+
+def _python_release(nbytes: int) -> None:
+    with _lock:
+        _memory["allocated"] -= nbytes
+
+
+def _python_memory() -> tuple:
+    """(allocated, peak, next address)."""
+    return _memory["allocated"], _memory["peak"], _memory["next_address"]
+
+
+def _python_reset_peak() -> None:
+    with _lock:
+        _memory["peak"] = _memory["allocated"]
+
+
+# native.cc's atomic twins once the library loads (no lock: a storage is made per op result)
+_account, _release, _memory_now, reset_peak = _python_account, _python_release, _python_memory, _python_reset_peak
+
+
+def use_native_accounting(extension) -> None:
+    """The library's counters from now on, starting where Python's stand."""
+    global _account, _release, _memory_now, reset_peak
+    with _lock:
+        extension.start_accounting(*_python_memory())
+        _account, _release, _memory_now, reset_peak = (extension.account, extension.release, extension.memory,
+                                                       extension.reset_peak)
+
+
 def memory_allocated() -> int:
-    return _memory["allocated"]
+    return _memory_now()[0]
 
 
 def max_memory_allocated() -> int:
-    return _memory["peak"]
-
-
-def reset_peak() -> None:
-    with _lock:
-        _memory["peak"] = _memory["allocated"]
+    return _memory_now()[1]
 
 
 def storage_numel(size, stride) -> int:
@@ -210,7 +237,7 @@ def contiguous_stride(size) -> list[int]:
     return stride[::-1]
 
 
-def torch_storage(storage: DeviceStorage) -> torch.UntypedStorage:
+def _python_torch_storage(storage: DeviceStorage) -> torch.UntypedStorage:
     """A torch storage for `storage` (one per DeviceStorage: views share it through torch)."""
     untyped = _from_pointer(storage.address, torch_device(), storage.nbytes)
     untyped._tpu = storage
@@ -231,13 +258,15 @@ def _python_make_tensor(untyped: torch.UntypedStorage, size, stride, offset: int
     return t
 
 
-_make_tensor = _python_make_tensor  # native.cc's make_tensor once the library loads (the same tensor)
+# native.cc's twins once the library loads (the same storage, the same tensor)
+torch_storage, _make_tensor = _python_torch_storage, _python_make_tensor
 
 
-def use_make_tensor(make_tensor) -> None:
-    """wrap's tensor maker from now on (device/native.py: the C++ one)."""
-    global _make_tensor
-    _make_tensor = make_tensor
+def use_native_makers(extension) -> None:
+    """wrap's storage and tensor makers from now on (device/native.py: the C++ ones)."""
+    global torch_storage, _make_tensor
+    extension.set_storage_maker(_from_pointer, torch_device())
+    torch_storage, _make_tensor = extension.torch_storage, extension.make_tensor
 
 
 def point(t: torch.Tensor, storage: DeviceStorage, size, stride=None, offset: int = 0) -> torch.Tensor:
