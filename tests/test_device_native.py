@@ -10,6 +10,7 @@ import torch
 
 import torchtpu.device
 from torchtpu.device import native, registration
+from torchtpu.device.native import module as native_module
 
 pytestmark = pytest.mark.skipif(not native.load(),
                                 reason=f"the device's C++ registrations are not built: {native._state.get('why')}")
@@ -259,18 +260,26 @@ def _ops(x, w):
     return [y, z, values, indices, s.sum(0)]
 
 
-def test_defer_records_a_known_op_as_python_does():
+def test_defer_records_a_known_op_as_python_does(monkeypatch):
     from torchtpu.device import defer
 
     assert defer._native_record is not None
     x, w = torch.randn(4, 4).to("tpu"), torch.randn(4, 4).to("tpu")
     _deferred_steps(_ops, x, w)  # every op key traced: the calls below are hits
+    in_python = []
+    python_run = defer.Defer.run
+    monkeypatch.setattr(defer.Defer, "run", lambda self, op, *a: in_python.append(op) or python_run(self, op, *a))
     native = _deferred_steps(_ops, x, w)
-    saved, defer._native_record = defer._native_record, None
+    # only `+ 1.5` (a runtime scalar) took Python's path, as an add
+    assert [op.__name__ for op in in_python] == ["add.Tensor"], in_python
+    monkeypatch.undo()  # (the lambda would be the user's frame of Python's records)
+    native = _deferred_steps(_ops, x, w)
+    defer.use_native(native_module(), on=False)
     try:
+        assert defer._native_record is None
         python = _deferred_steps(_ops, x, w)
     finally:
-        defer._native_record = saved
+        defer.use_native(native_module())
     assert native[1:] == python[1:] and native[2] == len(native[1])
     expected = _ops(x.cpu(), w.cpu())
     for got_native, got_python, want in zip(native[0], python[0], expected):

@@ -431,14 +431,18 @@ _DECLINED = object()  # native.cc's record: Python's path runs the op
 _native_record = None  # native.cc's record once the library loads (use_native)
 
 
-def use_native(extension) -> None:
-    """native.cc's twin of Defer.run's record of a known op (device/native.py)."""
+def use_native(extension, on: bool = True) -> None:
+    """native.cc's twin of Defer.run's record of a known op (device/native.py), and of the path
+    from torch's call of a kernel to it (kernels.py); `on=False` leaves every op to Python's path."""
     global _native_record
-    from torchtpu.device import storage
+    from torchtpu import eager
+    from torchtpu.device import kernels, storage
 
     extension.set_record_types(storage.Pending, Record, storage.DeviceStorage, _graph_task, _drop_inputs,
                                calls._INTERNAL, calls._internal_code, _DECLINED)
-    _native_record = extension.record
+    extension.set_defer_state(eager, executor if on else None, strict._strict, calls._SCHEMAS)
+    _native_record = extension.record if on else None
+    kernels._run_known, kernels._declined = (extension.run_known if on else None), _DECLINED
 
 
 def _drop_inputs(graph: PendingGraph, keep: int) -> None:

@@ -73,9 +73,9 @@ def register() -> None:
         for op in VIEWS:
             lib.impl(op, storage.metadata_view(op), KEY)
     for op in DIRECT + tuple(foreach_ops()):
-        lib.impl(op, functools.partial(_run, op), KEY)
+        lib.impl(op, _through_library(_Kernel(str(op), op)), KEY)
     for name in _structured():
-        lib.impl(name, _Structured(name), KEY)
+        lib.impl(name, _through_library(_Kernel(name)), KEY)
     for name, kernel in [("empty.memory_format", _empty), ("empty_strided", _empty_strided),
                          ("set_.source_Storage_storage_offset", _set_storage),
                          ("set_.source_Storage", _set_whole_storage), ("set_.source_Tensor", _set_tensor),
@@ -103,6 +103,11 @@ def register_fallback(ensure_kernels) -> None:
     device="tpu")`, or an op on a tensor a precompiled program made) first registers the kernels
     through `ensure_kernels`, then runs again from the top if it now has a kernel of its own."""
     def fallback(op, *args, **kwargs):
+        known = _run_known
+        if known is not None:  # defer mode's record of an op it knows, in C++ (native.cc)
+            out = known(op, args, kwargs)
+            if out is not _declined:
+                return out
         # _strict is set by the first op run, which the kernels' registration always precedes
         if _strict is None and ensure_kernels() and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), KEY):
             return op(*args, **kwargs)
@@ -140,19 +145,33 @@ def _structured() -> list[str]:
 _METADATA_ONLY = {"aten::as_strided_"}  # torch's composite only sets size/stride/offset: keep it
 
 
-class _Structured:
-    """A kernel for one structured overload; its OpOverload is looked up at the first call
-    (resolving ~440 of them at import would cost more than registering them)."""
+class _Kernel:
+    """The kernel of one overload (a structured op's, a DIRECT or a foreach one); a structured
+    op's OpOverload is looked up at its first call (resolving ~440 of them at import would cost
+    more than registering them)."""
 
     __slots__ = ("name", "op")
 
-    def __init__(self, name: str):
-        self.name, self.op = name, None
+    def __init__(self, name: str, op=None):
+        self.name, self.op = name, op
 
     def __call__(self, *args, **kwargs):
         if self.op is None:
             self.op = overload_named(self.name)
         return (_strict or _executor()).run(self.op, args, kwargs)
+
+
+def _through_library(kernel: _Kernel):
+    """`kernel` as torch calls it: through native.cc's run_kernel where the library loaded (defer
+    mode records a known op there, without a Python frame), else as it is."""
+    from torchtpu.device import native
+
+    extension = native.module()
+    return kernel if extension is None else functools.partial(extension.run_kernel, kernel)
+
+
+_run_known = None  # native.cc's run_known, once defer mode gave it its state (defer.use_native)
+_declined = None
 
 
 def overload_named(name: str):

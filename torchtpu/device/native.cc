@@ -832,6 +832,145 @@ PyObject* reset_peak(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// --- defer mode's whole path for a known op, from torch's call of the kernel ---------------------
+
+// Set once (defer.use_native): what run_deferred reads on every call.
+struct DeferState {
+  PyObject* eager = nullptr;     // the torchtpu.eager module (its `current` mode)
+  PyObject* defer_mode = nullptr;  // "defer"
+  PyObject* executor = nullptr;  // defer.executor
+  PyObject* strict = nullptr;    // strict._strict (its _baked keys)
+  PyObject* schemas = nullptr;   // call._SCHEMAS: id(op) -> Schema
+  PyObject *current, *entries, *baked, *lock, *graph, *native, *codes, *names_, *defaults, *acquire, *release;
+} state;
+
+PyObject* set_defer_state(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 4, "set_defer_state(eager, executor, strict, schemas)");
+  for (Py_ssize_t i = 0; i < nargs; ++i) Py_INCREF(args[i]);
+  state.eager = args[0];
+  state.executor = args[1];
+  state.strict = args[2];
+  state.schemas = args[3];
+  state.defer_mode = PyUnicode_InternFromString("defer");
+  state.current = PyUnicode_InternFromString("current");
+  state.entries = PyUnicode_InternFromString("_entries");
+  state.baked = PyUnicode_InternFromString("_baked");
+  state.lock = PyUnicode_InternFromString("_lock");
+  state.graph = PyUnicode_InternFromString("graph");
+  state.native = PyUnicode_InternFromString("native");
+  state.codes = PyUnicode_InternFromString("codes");
+  state.names_ = PyUnicode_InternFromString("names");
+  state.defaults = PyUnicode_InternFromString("defaults");
+  state.acquire = PyUnicode_InternFromString("acquire");
+  state.release = PyUnicode_InternFromString("release");
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* describe(PyObject*, PyObject* const* args, Py_ssize_t nargs);  // above
+
+// The op's return value recorded in defer mode, or nullptr with no error: Python's path runs it.
+PyObject* defer_known(PyObject* op, PyObject* args, PyObject* kwargs) {
+  if (state.executor == nullptr || state.executor == Py_None) return nullptr;
+  THPObjectPtr mode(PyObject_GetAttr(state.eager, state.current));
+  if (!mode) throw python_error();
+  if (mode.get() != state.defer_mode && PyUnicode_Compare(mode, state.defer_mode) != 0) return nullptr;
+  THPObjectPtr op_id(PyLong_FromVoidPtr(op));
+  if (!op_id) throw python_error();
+  PyObject* schema = PyDict_GetItemWithError(state.schemas, op_id);  // borrowed
+  if (schema == nullptr) {
+    if (PyErr_Occurred()) throw python_error();
+    return nullptr;  // an op Python's path has not met yet
+  }
+  THPObjectPtr codes = attr(schema, state.codes);
+  THPObjectPtr names_ = attr(schema, state.names_);
+  THPObjectPtr defaults = attr(schema, state.defaults);
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
+  PyObject* const describe_args[8] = {codes.get(), names_.get(), defaults.get(), op_id.get(), args,
+                                      kwargs ? kwargs : Py_None, Py_True, dtype};
+  THPObjectPtr parts(describe(nullptr, describe_args, 8));
+  if (!parts) throw python_error();
+  if (parts.get() == Py_None) return nullptr;
+  PyObject* values = PyTuple_GET_ITEM(parts.get(), 0);
+  PyObject* storages = PyTuple_GET_ITEM(parts.get(), 2);
+  PyObject* scalars = PyTuple_GET_ITEM(parts.get(), 3);
+  PyObject* key = PyTuple_GET_ITEM(parts.get(), 4);
+  if (PyList_GET_SIZE(scalars) != 0) return nullptr;  // their inputs: Python's path
+  THPObjectPtr baked = attr(state.strict, state.baked);
+  if (PySet_GET_SIZE(baked.get()) != 0) {
+    const int contains = PySet_Contains(baked, key);
+    if (contains < 0) throw python_error();
+    if (contains) return nullptr;
+  }
+  THPObjectPtr entries = attr(state.executor, state.entries);
+  PyObject* entry = PyDict_GetItemWithError(entries, key);  // borrowed
+  if (entry == nullptr) {
+    if (PyErr_Occurred()) throw python_error();
+    return nullptr;
+  }
+  THPObjectPtr native = attr(entry, state.native);
+  if (native.get() == Py_None) return nullptr;
+  THPObjectPtr lock = attr(state.executor, state.lock);
+  THPObjectPtr acquired(PyObject_CallMethodNoArgs(lock, state.acquire));
+  if (!acquired) throw python_error();
+  PyObject* out = nullptr;
+  {
+    THPObjectPtr graph(PyObject_GetAttr(state.executor, state.graph));
+    if (graph) {
+      PyObject* const record_args[6] = {state.executor, graph.get(), entry, native.get(), storages, values};
+      out = record(nullptr, record_args, 6);
+    }
+  }
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);  // the release must not lose record's error
+  THPObjectPtr released(PyObject_CallMethodNoArgs(lock, state.release));
+  if (!released) {
+    Py_XDECREF(out);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    throw python_error();
+  }
+  PyErr_Restore(type, value, traceback);
+  if (out == nullptr) throw python_error();
+  if (out == types.declined) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  return out;
+}
+
+// run_kernel(kernel, *args, **kwargs): a kernel of kernels.py (its `op`, or None until Python's
+// path resolved it); in defer mode a known op is recorded here, anything else is kernel(*args, **kwargs).
+PyObject* run_kernel(PyObject*, PyObject* all, PyObject* kwargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(PyTuple_GET_SIZE(all) >= 1, "run_kernel(kernel, *args, **kwargs)");
+  PyObject* kernel = PyTuple_GET_ITEM(all, 0);
+  THPObjectPtr args(PyTuple_GetSlice(all, 1, PyTuple_GET_SIZE(all)));
+  if (!args) throw python_error();
+  THPObjectPtr op(PyObject_GetAttrString(kernel, "op"));
+  if (!op) throw python_error();
+  if (op.get() != Py_None) {
+    PyObject* out = defer_known(op, args, kwargs);
+    if (out != nullptr) return out;
+  }
+  return PyObject_Call(kernel, args, kwargs);
+  END_HANDLE_TH_ERRORS
+}
+
+// run_known(op, args, kwargs): defer mode's record of a known op, or `declined` (the device's
+// fallback kernel, registered before the library loads, asks here first).
+PyObject* run_known(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK(nargs == 3 && PyTuple_Check(args[1]), "run_known(op, args, kwargs)");
+  PyObject* out = defer_known(args[0], args[1], args[2] == Py_None ? nullptr : args[2]);
+  if (out != nullptr) return out;
+  Py_INCREF(types.declined);
+  return types.declined;
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"make_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_tensor)), METH_FASTCALL,
      "make_tensor(storage, size, stride, offset, dtype): a tpu tensor over the storage"},
@@ -856,6 +995,12 @@ PyMethodDef methods[] = {
     {"release", release, METH_O, "release(nbytes): storage._python_release's twin"},
     {"memory", memory, METH_NOARGS, "memory() -> (allocated, peak, next address)"},
     {"reset_peak", reset_peak, METH_NOARGS, "reset_peak(): the peak is what is allocated now"},
+    {"set_defer_state", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_defer_state)), METH_FASTCALL,
+     "set_defer_state(eager, executor, strict, schemas): what run_kernel and run_fallback read"},
+    {"run_kernel", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run_kernel)),
+     METH_VARARGS | METH_KEYWORDS, "run_kernel(kernel, *args, **kwargs): a kernel's call, a known op recorded here"},
+    {"run_known", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run_known)), METH_FASTCALL,
+     "run_known(op, args, kwargs): defer mode's record of a known op, or declined"},
     {"describe", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(describe)), METH_FASTCALL,
      "describe(codes, names, defaults, op_id, args, kwargs, lift, default_dtype): call.describe's parts, or None"},
     {nullptr, nullptr, 0, nullptr}};
