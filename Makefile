@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(VPY) -m pip install -q --no-deps -e . --config-settings editable_mode=compat
 	-$(VPY) -m pip install -q libtpu || true  # optional: deviceless TPU compiles (tests skip without it)
 	-$(VPY) -m torchtpu.kernels.aten_cpu  # ATen's CPU convolution for XLA programs (else XLA's own)
-	-$(VPY) -m torchtpu.device.native  # the tpu device's C++ library (fused attention, the guard, the views, the per-op tensor maker, markers and frame walk; else Python's)
+	-$(VPY) -m torchtpu.device.native  # the tpu device's C++ library (fused attention, the guard, the views, each op's path and defer mode's record; else Python's)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -15,8 +15,8 @@
 // Waiting on the device (torch.accelerator.synchronize, Stream and Event synchronize) calls
 // back into torch.tpu.synchronize, which native.py registers at load.
 //
-// The library is also a CPython module (torchtpu.device._native) of four functions on every
-// op's path (and set_marker_types, their setup), each doing what its Python twin does (which
+// The library is also a CPython module (torchtpu.device._native) of functions on every op's
+// path (and the set_* functions, their setup), each doing what its Python twin does (which
 // stays where the library is off):
 //   make_tensor    the body of storage.wrap: a tpu tensor over a torch storage, with size,
 //                  stride and offset (Python: an empty tensor and a redispatched set_, ~2.3 us
@@ -28,6 +28,13 @@
 //                  marker above, no Generator): the values in schema order, the template, the
 //                  storages, the runtime scalars and the key, built as Python builds them; None
 //                  sends the call to Python's path (which then decides everything)
+//   torch_storage  storage.torch_storage: the torch storage of a DeviceStorage
+//   account, release  storage's byte and address counters, as atomics (Python's take a lock)
+//   record         defer.Defer.run's record of a known op: its inputs wired to the pending
+//                  graph, the trie step, the Pending results and their tensors
+//   run_kernel, run_known  torch's call of a device kernel (and the fallback's) straight to
+//                  describe and record in defer mode, for an op whose key is known, with no
+//                  runtime scalar and plain returns; anything else is the Python kernel's call
 #include <Python.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>

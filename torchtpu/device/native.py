@@ -6,13 +6,14 @@ Today: torch's attention-backend stub for the tpu device, so scaled_dot_product_
 runs as one fused op (device/attention.py) rather than torch's math decomposition; the device
 guard, whose synchronize (torch.accelerator.synchronize, Stream/Event.synchronize) calls
 torch.tpu.synchronize back; the metadata-only view kernels; and, as the CPython module
-torchtpu.device._native, three pieces of every op's path: the body of storage.wrap, the marker
-of a tensor argument (call.py) and the user's frame (defer mode). Built with `$CXX` (default
-g++) into TORCHTPU_EXTENSION_DIR like the CPU kernels (cxx.py); where it cannot be built, or
-with TORCHTPU_DEVICE_NATIVE=0, attention takes the math path, the guard, the views, wrap, the
-markers and the frames are Python's (slower, the same results), torch.accelerator.synchronize
-raises torch's "Backend doesn't support" error (torch.tpu.synchronize works), and one warning
-says why.
+torchtpu.device._native, the pieces of every op's path: the body of storage.wrap and of
+torch_storage, the storages' byte counters, call.describe (with the marker of a tensor
+argument), the user's frame, and in defer mode the whole record of a known op from torch's call
+of the kernel (defer.py, kernels.py). Built with `$CXX` (default g++) into
+TORCHTPU_EXTENSION_DIR like the CPU kernels (cxx.py); where it cannot be built, or with
+TORCHTPU_DEVICE_NATIVE=0, attention takes the math path, the guard, the views and all of the
+above are Python's (slower, the same results), torch.accelerator.synchronize raises torch's
+"Backend doesn't support" error (torch.tpu.synchronize works), and one warning says why.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def load() -> bool:
         except (OSError, subprocess.CalledProcessError) as exc:
             _state.update(ok=False, why=cxx.why_not(exc))
             log.warning("torchtpu.device: C++ registrations unavailable (attention takes torch's math path, "
-                        "the guard, the view kernels, wrap, markers and frames are Python's): %s", _state["why"])
+                        "the guard, the view kernels and each op's path are Python's): %s", _state["why"])
     return _state["ok"]
 
 
@@ -69,7 +70,7 @@ def _use_module(path: Path) -> None:
         extension = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(extension)
     except ImportError as exc:
-        log.warning("torchtpu.device: the C++ module is unavailable (wrap, markers and frames stay Python's): %s", exc)
+        log.warning("torchtpu.device: the C++ module is unavailable (each op's path stays Python's): %s", exc)
         return
     storage.use_native_makers(extension)
     storage.use_native_accounting(extension)
