@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import html.parser
 import json
+import os
 import shutil
 import subprocess
 import warnings
@@ -120,6 +121,21 @@ def test_the_log_is_rotated_past_its_size_limit(tmp_path, monkeypatch):
     assert path.stat().st_size <= 8192 and (tmp_path / "events.jsonl.1").stat().st_size <= 8192 + 300
     assert newer[-1]["ops"] == 199 and older and older[-1]["ops"] + 1 == newer[0]["ops"]  # nothing lost between them
     assert not (tmp_path / "events.jsonl.2").exists()
+
+
+def test_the_open_log_follows_a_rotation_by_another_process(tmp_path, monkeypatch):
+    """The log stays open between events; a file renamed away under it (another process rotated
+    it) is not written to again: the next event starts a new file at the path."""
+    path = tmp_path / "events.jsonl"
+    monkeypatch.setenv("TORCHTPU_EVENT_LOG", str(path))
+    events.record("flush", reason="item", ops=1)
+    os.replace(path, tmp_path / "events.jsonl.1")  # as another process's rotation does
+    events.record("flush", reason="item", ops=2)
+    assert [e["ops"] for e in events.read_log(tmp_path / "events.jsonl.1")] == [1]
+    assert [e["ops"] for e in events.read_log(path)] == [2]
+    path.unlink()  # removed, not rotated: the next event makes it again
+    events.record("flush", reason="item", ops=3)
+    assert [e["ops"] for e in events.read_log(path)] == [3]
 
 
 def test_report_from_a_recorded_log(log, capsys):

@@ -99,26 +99,67 @@ def log_path() -> Path | None:
     return _log_paths[decided_by]
 
 
+class _Log:
+    """The log's file, kept open between events (defer mode writes one per flush, a few per
+    step: opening it each time cost more than the rest of the event). Reopened when the path
+    changes or the file at the path is no longer the one open (another process rotated it)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.path: Path | None = None
+        self.file = None
+        self.inode = None
+
+    def write(self, path: Path, line: str) -> None:
+        with self.lock:
+            f = self._open(path)
+            f.write(line)  # one write per line (flushed at once): appends do not interleave
+            f.flush()
+            if f.tell() > _log_limit():
+                self.close()
+                try:
+                    os.replace(path, path.with_name(path.name + ".1"))
+                except FileNotFoundError:  # another process rotated it first
+                    pass
+
+    def _open(self, path: Path):
+        if self.file is not None and self.path == path:
+            try:
+                if os.stat(path).st_ino == self.inode:
+                    return self.file
+            except FileNotFoundError:
+                pass
+        self.close()
+        if path.parent not in _made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _made.add(path.parent)
+        self.file = open(path, "a", encoding="utf-8")
+        self.path, self.inode = path, os.fstat(self.file.fileno()).st_ino
+        return self.file
+
+    def close(self) -> None:
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError:
+                pass
+        self.file = self.path = self.inode = None
+
+
+_log = _Log()
+atexit.register(_log.close)
+
+
 def _append(event: dict) -> None:
     global _log_failed
     path = log_path()
     if path is None or _log_failed:
         return
     try:
-        if path.parent not in _made:  # frequent events (defer mode's flushes): one mkdir per directory
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _made.add(path.parent)
-        line = json.dumps(event, default=str, ensure_ascii=False) + "\n"
-        with open(path, "a", encoding="utf-8") as f:  # one write per line: appends do not interleave
-            f.write(line)
-            full = f.tell() > _log_limit()
-        if full:
-            try:
-                os.replace(path, path.with_name(path.name + ".1"))
-            except FileNotFoundError:  # another process rotated it first
-                pass
+        _log.write(path, json.dumps(event, default=str, ensure_ascii=False) + "\n")
     except OSError as exc:
         _log_failed = True
+        _log.close()
         warnings.warn(f"torchtpu: cannot write the event log {path}: {exc}; events stay in memory only")
 
 

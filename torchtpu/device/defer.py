@@ -184,8 +184,8 @@ class Defer:
             hit = True
         with self._lock:
             graph = self.graph
-            if hit and entry.native is not None and not call.scalars and _native_record is not None:
-                out = _native_record(self, graph, entry, entry.native, call.storages, call.values)
+            if hit and entry.native is not None and _native_record is not None:
+                out = _native_record(self, graph, entry, entry.native, call.storages, call.values, call.scalars)
                 if out is not _DECLINED:
                     return out
             if len(graph.records) >= graph.limit:
@@ -204,8 +204,7 @@ class Defer:
                         refs.append(self._ref(graph, s))
                 if call.scalars:
                     for value, (dtype, how) in zip(call.scalars, entry.scalars):
-                        refs.append(self._input(graph, transfer.host_scalar(value) if how == "host"
-                                                else transfer.scalar(value, dtype), ((), dtype), fresh=True))
+                        refs.append(self._scalar_input(graph, value, dtype, how))
             except BaseException:
                 _drop_inputs(graph, inputs)  # the op is not recorded: nor are its inputs
                 raise
@@ -280,6 +279,11 @@ class Defer:
         graph.inputs.append(array)
         graph.specs.append(spec)
         return len(graph.inputs) - 1
+
+    def _scalar_input(self, graph: PendingGraph, value, dtype, how: str) -> int:
+        """A runtime number's input (its own, even when another holds the same number)."""
+        array = transfer.host_scalar(value) if how == "host" else transfer.scalar(value, dtype)
+        return self._input(graph, array, ((), dtype), fresh=True)
 
     def _flush_after_backward(self, graph: PendingGraph) -> None:
         task = torch._C._current_graph_task_id()
@@ -411,7 +415,7 @@ class Defer:
 
 def _native_form(entry: OpEntry) -> tuple | None:
     """What native.cc's record needs of an entry: (id, result shapes, random, mutated, return
-    forms, one return), each return ("fresh", result, numel, size, stride, dtype), ("arg",
+    forms, one return, its runtime scalars' (dtype, how)), each return ("fresh", result, numel, size, stride, dtype), ("arg",
     position) or None; None where a return is of another kind (a list, a resized out=): those
     ops take Python's path."""
     forms = []
@@ -424,7 +428,8 @@ def _native_form(entry: OpEntry) -> tuple | None:
         else:
             return None
     return (entry.id, tuple(tuple(s) for s in entry.result_shapes), entry.random,
-            tuple(tuple(m) for m in entry.plan.mutated), tuple(forms), len(forms) == 1)
+            tuple(tuple(m) for m in entry.plan.mutated), tuple(forms), len(forms) == 1,
+            tuple(tuple(s) for s in entry.scalars))
 
 
 _DECLINED = object()  # native.cc's record: Python's path runs the op
@@ -439,7 +444,7 @@ def use_native(extension, on: bool = True) -> None:
     from torchtpu.device import kernels, storage
 
     extension.set_record_types(storage.Pending, Record, storage.DeviceStorage, _graph_task, _drop_inputs,
-                               calls._INTERNAL, calls._internal_code, _DECLINED)
+                               calls._INTERNAL, calls._internal_code, _DECLINED, transfer._scalars)
     extension.set_defer_state(eager, executor if on else None, strict._strict, calls._SCHEMAS)
     _native_record = extension.record if on else None
     kernels._run_known, kernels._declined = (extension.run_known if on else None), _DECLINED

@@ -33,8 +33,8 @@
 //   record         defer.Defer.run's record of a known op: its inputs wired to the pending
 //                  graph, the trie step, the Pending results and their tensors
 //   run_kernel, run_known  torch's call of a device kernel (and the fallback's) straight to
-//                  describe and record in defer mode, for an op whose key is known, with no
-//                  runtime scalar and plain returns; anything else is the Python kernel's call
+//                  describe and record in defer mode, for an op whose key is known and whose
+//                  returns are plain; anything else is the Python kernel's call
 #include <Python.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -516,29 +516,32 @@ struct RecordTypes {
   PyObject* frame_prefixes = nullptr; // call._INTERNAL
   PyObject* frame_cache = nullptr;    // call._internal_code
   PyObject* declined = nullptr;       // what record returns where Python's path must run instead
+  PyObject* scalar_arrays = nullptr;  // transfer._scalars: (dtype, value, sign) -> a 0-d device array
 } types;
 
 struct Names {
   PyObject *array, *graph, *index, *shape, *records, *limit, *hits, *inputs, *specs, *input_of, *node, *children,
-      *values, *random, *ref, *child, *after_backward, *set;
+      *values, *random, *ref, *child, *after_backward, *set, *scalar_input, *backward_task, *number;
 } names;
 
 PyObject* set_record_types(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  TORCH_CHECK(nargs == 8, "set_record_types(Pending, Record, DeviceStorage, graph_task, drop_inputs, prefixes, "
-              "cache, declined)");
+  TORCH_CHECK(nargs == 9 && PyDict_Check(args[8]), "set_record_types(Pending, Record, DeviceStorage, graph_task, "
+              "drop_inputs, prefixes, cache, declined, scalar_arrays)");
   PyObject** slots[] = {&types.pending,     &types.record,         &types.storage,     &types.graph_task,
-                        &types.drop_inputs, &types.frame_prefixes, &types.frame_cache, &types.declined};
+                        &types.drop_inputs, &types.frame_prefixes, &types.frame_cache, &types.declined,
+                        &types.scalar_arrays};
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     Py_INCREF(args[i]);
     *slots[i] = args[i];
   }
   const char* strings[] = {"array", "graph", "index", "shape", "records", "limit", "hits", "inputs", "specs",
                            "input_of", "node", "children", "values", "random", "_ref", "_child",
-                           "_flush_after_backward", "set"};
+                           "_flush_after_backward", "set", "_scalar_input", "backward_task", "number"};
   PyObject** targets[] = {&names.array, &names.graph, &names.index, &names.shape, &names.records, &names.limit,
                           &names.hits, &names.inputs, &names.specs, &names.input_of, &names.node, &names.children,
-                          &names.values, &names.random, &names.ref, &names.child, &names.after_backward, &names.set};
+                          &names.values, &names.random, &names.ref, &names.child, &names.after_backward, &names.set,
+                          &names.scalar_input, &names.backward_task, &names.number};
   for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); ++i) *targets[i] = PyUnicode_InternFromString(strings[i]);
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
@@ -607,6 +610,28 @@ THPObjectPtr input_ref(PyObject* executor, PyObject* graph, PyObject* storage) {
   return position;
 }
 
+// A runtime number's input (Defer._scalar_input): its cached 0-d array (transfer.scalar's cache)
+// appended as an input of its own; a number not cached yet, or a host tensor, is Python's.
+THPObjectPtr scalar_ref(PyObject* executor, PyObject* graph, PyObject* value, PyObject* dtype, PyObject* how) {
+  PyObject* array = nullptr;  // borrowed
+  const bool is_float = PyFloat_CheckExact(value);
+  if ((is_float || PyLong_CheckExact(value)) && PyUnicode_Compare(how, names.number) == 0) {
+    THPObjectPtr sign(is_float ? PyFloat_FromDouble(std::copysign(1.0, PyFloat_AS_DOUBLE(value))) : PyLong_FromLong(0));
+    THPObjectPtr key(sign ? PyTuple_Pack(3, dtype, value, sign.get()) : nullptr);
+    if (!key) throw python_error();
+    array = PyDict_GetItemWithError(types.scalar_arrays, key);
+    if (array == nullptr && PyErr_Occurred()) throw python_error();
+  }
+  if (array == nullptr) return call_method(executor, names.scalar_input, {graph, value, dtype, how});
+  THPObjectPtr inputs = attr(graph, names.inputs);
+  THPObjectPtr specs = attr(graph, names.specs);
+  THPObjectPtr position(PyLong_FromSsize_t(PyList_GET_SIZE(inputs.get())));
+  THPObjectPtr no_dims(PyTuple_New(0));
+  THPObjectPtr spec(no_dims ? pair(no_dims.get(), dtype) : nullptr);
+  if (!position || !spec || PyList_Append(inputs, array) < 0 || PyList_Append(specs, spec) < 0) throw python_error();
+  return position;
+}
+
 // A fresh result: DeviceStorage(numel, dtype, pending) and a tensor over it.
 PyObject* fresh_tensor(PyObject* numel, PyObject* size, PyObject* stride, PyObject* dtype, PyObject* pending) {
   THPObjectPtr storage = call(types.storage, {numel, dtype, pending});
@@ -634,20 +659,22 @@ PyObject* return_value(PyObject* form, PyObject* values, PyObject* results) {
                       PyTuple_GET_ITEM(form, 5), pending);
 }
 
-// record(executor, graph, entry, native, storages, values) -> the op's return value, or `declined`
-// (nothing changed: Python's path runs). `native` is the entry's precomputed form (OpEntry.native):
-// (id, result shapes, random, mutated ((storage, result) ...), returns (forms ...), single).
+// record(executor, graph, entry, native, storages, values, scalars) -> the op's return value, or
+// `declined` (nothing changed: Python's path runs). `native` is the entry's precomputed form
+// (OpEntry.native): (id, result shapes, random, mutated ((storage, result) ...), returns (forms
+// ...), single, the scalars' ((dtype, how) ...)).
 // The caller holds the executor's lock, and has looked the entry up (a hit), as Defer.run does.
 PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  TORCH_CHECK(nargs == 6 && types.pending != nullptr, "record(executor, graph, entry, native, storages, values) "
-              "before set_record_types");
+  TORCH_CHECK(nargs == 7 && types.pending != nullptr, "record(executor, graph, entry, native, storages, values, "
+              "scalars) before set_record_types");
   PyObject* executor = args[0];
   PyObject* graph = args[1];
   PyObject* entry = args[2];
   PyObject* native = args[3];
   PyObject* storages = args[4];
   PyObject* values = args[5];
+  PyObject* scalars = args[6];
   THPObjectPtr records = attr(graph, names.records);
   THPObjectPtr limit = attr(graph, names.limit);
   if (PyList_GET_SIZE(records.get()) >= PyLong_AsSsize_t(limit)) {  // a flush first: Python's path
@@ -662,7 +689,11 @@ PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     set_attr(graph, names.hits, more);
   }
   const Py_ssize_t n_storages = PyList_GET_SIZE(storages);
-  THPObjectPtr refs(PyTuple_New(n_storages));
+  const Py_ssize_t n_scalars = PyList_GET_SIZE(scalars);
+  PyObject* scalar_forms = PyTuple_GET_ITEM(native, 6);
+  TORCH_CHECK(PyTuple_GET_SIZE(scalar_forms) == n_scalars, "record: ", n_scalars, " runtime scalars for ",
+              PyTuple_GET_SIZE(scalar_forms));
+  THPObjectPtr refs(PyTuple_New(n_storages + n_scalars));
   if (!refs) throw python_error();
   {
     THPObjectPtr inputs = attr(graph, names.inputs);
@@ -671,6 +702,12 @@ PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     try {
       for (Py_ssize_t i = 0; i < n_storages; ++i) {
         PyTuple_SET_ITEM(refs.get(), i, input_ref(executor, graph, PyList_GET_ITEM(storages, i)).release());
+      }
+      for (Py_ssize_t i = 0; i < n_scalars; ++i) {  // Defer._scalar_input: each its own input
+        PyObject* form = PyTuple_GET_ITEM(scalar_forms, i);
+        PyTuple_SET_ITEM(refs.get(), n_storages + i,
+                         scalar_ref(executor, graph, PyList_GET_ITEM(scalars, i), PyTuple_GET_ITEM(form, 0),
+                                    PyTuple_GET_ITEM(form, 1)).release());
       }
     } catch (...) {  // the op is not recorded: nor are its inputs
       PyObject *type, *value, *traceback;
@@ -730,7 +767,12 @@ PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   {
     THPObjectPtr task(PyObject_CallNoArgs(types.graph_task));
     if (!task) throw python_error();
-    if (PyLong_AsLong(task) != -1) call_method(executor, names.after_backward, {graph});
+    if (PyLong_AsLong(task) != -1) {  // inside a backward pass: its end flushes (once per pass)
+      THPObjectPtr queued = attr(graph, names.backward_task);
+      const int same = PyObject_RichCompareBool(queued, task, Py_EQ);
+      if (same < 0) throw python_error();
+      if (!same) call_method(executor, names.after_backward, {graph});
+    }
   }
   PyObject* mutated = PyTuple_GET_ITEM(native, 3);
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mutated); ++i) {
@@ -903,7 +945,6 @@ PyObject* defer_known(PyObject* op, PyObject* args, PyObject* kwargs) {
   PyObject* storages = PyTuple_GET_ITEM(parts.get(), 2);
   PyObject* scalars = PyTuple_GET_ITEM(parts.get(), 3);
   PyObject* key = PyTuple_GET_ITEM(parts.get(), 4);
-  if (PyList_GET_SIZE(scalars) != 0) return nullptr;  // their inputs: Python's path
   THPObjectPtr baked = attr(state.strict, state.baked);
   if (PySet_GET_SIZE(baked.get()) != 0) {
     const int contains = PySet_Contains(baked, key);
@@ -925,8 +966,8 @@ PyObject* defer_known(PyObject* op, PyObject* args, PyObject* kwargs) {
   {
     THPObjectPtr graph(PyObject_GetAttr(state.executor, state.graph));
     if (graph) {
-      PyObject* const record_args[6] = {state.executor, graph.get(), entry, native.get(), storages, values};
-      out = record(nullptr, record_args, 6);
+      PyObject* const record_args[7] = {state.executor, graph.get(), entry, native.get(), storages, values, scalars};
+      out = record(nullptr, record_args, 7);
     }
   }
   PyObject *type, *value, *traceback;
@@ -990,9 +1031,11 @@ PyMethodDef methods[] = {
     {"set_describe_types", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_describe_types)),
      METH_FASTCALL, "set_describe_types(SCALAR, DEVICE, 'number', torch.int64, math.nan, torch.device, torch.Generator)"},
     {"set_record_types", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_record_types)), METH_FASTCALL,
-     "set_record_types(Pending, Record, DeviceStorage, graph_task, drop_inputs, prefixes, cache, declined)"},
+     "set_record_types(Pending, Record, DeviceStorage, graph_task, drop_inputs, prefixes, cache, declined, "
+     "scalar_arrays)"},
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(record)), METH_FASTCALL,
-     "record(executor, graph, entry, native, storages, values): Defer.run's record of a known op, or declined"},
+     "record(executor, graph, entry, native, storages, values, scalars): Defer.run's record of a known op, or "
+     "declined"},
     {"set_storage_maker", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_storage_maker)),
      METH_FASTCALL, "set_storage_maker(torch._C._construct_storage_from_data_pointer, device)"},
     {"torch_storage", torch_storage, METH_O, "torch_storage(storage): storage.torch_storage's twin"},
