@@ -504,6 +504,14 @@ PyObject* describe(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyObject* torch_storage(PyObject*, PyObject* storage);  // below
 
+// Interned attribute names, made once (a set_* function may run again: the first ones stay).
+void intern(std::initializer_list<std::pair<PyObject**, const char*>> names) {
+  for (const auto& [target, text] : names) {
+    if (*target == nullptr) *target = PyUnicode_InternFromString(text);
+    if (*target == nullptr) throw python_error();
+  }
+}
+
 // --- defer mode's record of a known op (defer.Defer.run's hit path) -----------------------------
 
 // Set once (defer.use_native): the classes and functions record builds with and calls back.
@@ -533,16 +541,15 @@ PyObject* set_record_types(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                         &types.scalar_arrays};
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     Py_INCREF(args[i]);
-    *slots[i] = args[i];
+    Py_XSETREF(*slots[i], args[i]);
   }
-  const char* strings[] = {"array", "graph", "index", "shape", "records", "limit", "hits", "inputs", "specs",
-                           "input_of", "node", "children", "values", "random", "_ref", "_child",
-                           "_flush_after_backward", "set", "_scalar_input", "backward_task", "number"};
-  PyObject** targets[] = {&names.array, &names.graph, &names.index, &names.shape, &names.records, &names.limit,
-                          &names.hits, &names.inputs, &names.specs, &names.input_of, &names.node, &names.children,
-                          &names.values, &names.random, &names.ref, &names.child, &names.after_backward, &names.set,
-                          &names.scalar_input, &names.backward_task, &names.number};
-  for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); ++i) *targets[i] = PyUnicode_InternFromString(strings[i]);
+  intern({{&names.array, "array"}, {&names.graph, "graph"}, {&names.index, "index"}, {&names.shape, "shape"},
+          {&names.records, "records"}, {&names.limit, "limit"}, {&names.hits, "hits"}, {&names.inputs, "inputs"},
+          {&names.specs, "specs"}, {&names.input_of, "input_of"}, {&names.node, "node"},
+          {&names.children, "children"}, {&names.values, "values"}, {&names.random, "random"},
+          {&names.ref, "_ref"}, {&names.child, "_child"}, {&names.after_backward, "_flush_after_backward"},
+          {&names.set, "set"}, {&names.scalar_input, "_scalar_input"}, {&names.backward_task, "backward_task"},
+          {&names.number, "number"}});
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -896,23 +903,15 @@ struct DeferState {
 PyObject* set_defer_state(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   TORCH_CHECK(nargs == 4, "set_defer_state(eager, executor, strict, schemas)");
-  for (Py_ssize_t i = 0; i < nargs; ++i) Py_INCREF(args[i]);
-  state.eager = args[0];
-  state.executor = args[1];
-  state.strict = args[2];
-  state.schemas = args[3];
-  state.defer_mode = PyUnicode_InternFromString("defer");
-  state.current = PyUnicode_InternFromString("current");
-  state.entries = PyUnicode_InternFromString("_entries");
-  state.baked = PyUnicode_InternFromString("_baked");
-  state.lock = PyUnicode_InternFromString("_lock");
-  state.graph = PyUnicode_InternFromString("graph");
-  state.native = PyUnicode_InternFromString("native");
-  state.codes = PyUnicode_InternFromString("codes");
-  state.names_ = PyUnicode_InternFromString("names");
-  state.defaults = PyUnicode_InternFromString("defaults");
-  state.acquire = PyUnicode_InternFromString("acquire");
-  state.release = PyUnicode_InternFromString("release");
+  PyObject** slots[] = {&state.eager, &state.executor, &state.strict, &state.schemas};
+  for (Py_ssize_t i = 0; i < nargs; ++i) {  // set again by defer.use_native(on=False) and back
+    Py_INCREF(args[i]);
+    Py_XSETREF(*slots[i], args[i]);
+  }
+  intern({{&state.defer_mode, "defer"}, {&state.current, "current"}, {&state.entries, "_entries"},
+          {&state.baked, "_baked"}, {&state.lock, "_lock"}, {&state.graph, "graph"}, {&state.native, "native"},
+          {&state.codes, "codes"}, {&state.names_, "names"}, {&state.defaults, "defaults"},
+          {&state.acquire, "acquire"}, {&state.release, "release"}});
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
