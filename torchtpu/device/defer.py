@@ -415,9 +415,9 @@ class Defer:
 
 def _native_form(entry: OpEntry) -> tuple | None:
     """What native.cc's record needs of an entry: (id, result shapes, random, mutated, return
-    forms, one return, its runtime scalars' (dtype, how)), each return ("fresh", result, numel, size, stride, dtype), ("arg",
-    position) or None; None where a return is of another kind (a list, a resized out=): those
-    ops take Python's path."""
+    forms, one return, its runtime scalars' (dtype, how)), each return form ("fresh", result,
+    numel, size, stride, dtype), ("arg", position) or None; None where a return is of another
+    kind (a list, a resized out=): those ops take Python's path."""
     forms = []
     for r in entry.plan.returns:
         if r is None or r[0] == "arg":

@@ -194,6 +194,14 @@ PyObject* make_tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// Interned attribute names, made once (a set_* function may run again: the first ones stay).
+void intern(std::initializer_list<std::pair<PyObject**, const char*>> names) {
+  for (const auto& [target, text] : names) {
+    if (*target == nullptr) *target = PyUnicode_InternFromString(text);
+    if (*target == nullptr) throw python_error();
+  }
+}
+
 // Set once (call.use_native, at load): call.TENSOR, torch.Size, and the interned attribute names.
 PyObject* tensor_tag = nullptr;
 PyTypeObject* size_type = nullptr;
@@ -208,9 +216,7 @@ PyObject* set_marker_types(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_INCREF(args[1]);
   tensor_tag = args[0];
   size_type = reinterpret_cast<PyTypeObject*>(args[1]);
-  tpu_name = PyUnicode_InternFromString("_tpu");
-  dtype_name = PyUnicode_InternFromString("dtype");
-  padding_name = PyUnicode_InternFromString("padding");
+  intern({{&tpu_name, "_tpu"}, {&dtype_name, "dtype"}, {&padding_name, "padding"}});
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -503,14 +509,6 @@ PyObject* describe(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* torch_storage(PyObject*, PyObject* storage);  // below
-
-// Interned attribute names, made once (a set_* function may run again: the first ones stay).
-void intern(std::initializer_list<std::pair<PyObject**, const char*>> names) {
-  for (const auto& [target, text] : names) {
-    if (*target == nullptr) *target = PyUnicode_InternFromString(text);
-    if (*target == nullptr) throw python_error();
-  }
-}
 
 // --- defer mode's record of a known op (defer.Defer.run's hit path) -----------------------------
 
@@ -814,8 +812,7 @@ PyObject* set_storage_maker(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   Py_INCREF(args[1]);
   from_pointer = args[0];
   device_object = args[1];
-  address_name = PyUnicode_InternFromString("address");
-  nbytes_name = PyUnicode_InternFromString("nbytes");
+  intern({{&address_name, "address"}, {&nbytes_name, "nbytes"}, {&tpu_name, "_tpu"}});
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -934,7 +931,8 @@ PyObject* defer_known(PyObject* op, PyObject* args, PyObject* kwargs) {
   THPObjectPtr codes = attr(schema, state.codes);
   THPObjectPtr names_ = attr(schema, state.names_);
   THPObjectPtr defaults = attr(schema, state.defaults);
-  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
+  const auto default_dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(default_dtype));  // borrowed
   PyObject* const describe_args[8] = {codes.get(), names_.get(), defaults.get(), op_id.get(), args,
                                       kwargs ? kwargs : Py_None, Py_True, dtype};
   THPObjectPtr parts(describe(nullptr, describe_args, 8));
@@ -1028,7 +1026,8 @@ PyMethodDef methods[] = {
     {"user_frame", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(user_frame)), METH_FASTCALL,
      "user_frame(prefixes, cache): call.user_frame's (filename, line, function)"},
     {"set_describe_types", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_describe_types)),
-     METH_FASTCALL, "set_describe_types(SCALAR, DEVICE, 'number', torch.int64, math.nan, torch.device, torch.Generator)"},
+     METH_FASTCALL,
+     "set_describe_types(SCALAR, DEVICE, 'number', torch.int64, math.nan, torch.device, torch.Generator)"},
     {"set_record_types", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_record_types)), METH_FASTCALL,
      "set_record_types(Pending, Record, DeviceStorage, graph_task, drop_inputs, prefixes, cache, declined, "
      "scalar_arrays)"},
