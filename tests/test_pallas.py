@@ -125,11 +125,34 @@ def decoder_tpu_export():
 def test_export_tpu_custom_calls(decoder_tpu_export):
     exported, model, idx = decoder_tpu_export
     counts, calls = _kernel_counts(exported.stablehlo_text())
-    # per layer: one attention, one RMSNorm, one LayerNorm; plus the final RMSNorm
-    assert counts == {"_flash_attention_kernel": 2, "torchtpu_rms_norm_fwd": 3, "torchtpu_layer_norm_fwd": 2}
-    assert calls == 7
+    # float32 at torch's default matmul precision: per layer one RMSNorm and one LayerNorm kernel,
+    # plus the final RMSNorm; attention is XLA's own (the kernel's matmuls are bfloat16-precise)
+    assert counts == {"torchtpu_rms_norm_fwd": 3, "torchtpu_layer_norm_fwd": 2}
+    assert calls == 5
     portable = torchtpu.export(model, idx, platforms=("cpu", "tpu")).stablehlo_text()
     assert "custom_call @tpu_custom_call" not in portable  # a multi-platform artifact keeps XLA's own ops
+
+
+@pytest.mark.parametrize("dtype,precision,kernel", [(torch.bfloat16, "highest", True),
+                                                    (torch.float32, "medium", True),
+                                                    (torch.float32, "high", False)])
+def test_tpu_flash_attention_follows_float32_matmul_precision(dtype, precision, kernel):
+    """The Mosaic flash kernel takes bfloat16, and float32 only where torch allows bfloat16
+    matmuls (on a TPU v5e its float32 attention was 9e-3 off; XLA's own ops 2e-6)."""
+    q, k, v = (t.to(dtype) for t in _qkv(1, 2, 2, 128, 128, 64))
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        events.clear()
+        text = torchtpu.export(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               q, k, v, platforms=("tpu",)).stablehlo_text()
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert ("_flash_attention_kernel" in _kernel_counts(text)[0]) is kernel
+    (choice,) = [e for e in events.events() if e["kind"] == "kernel" and e["kernel"] == "flash_attention"]
+    assert choice["choice"] == ("mosaic" if kernel else "xla")
+    if not kernel:
+        assert "bfloat16-precise" in choice["why"]
 
 
 def test_deviceless_tpu_compile(decoder_tpu_export):

@@ -80,9 +80,17 @@ def to_device(t: torch.Tensor, device: jax.Device):
     own = _DEVICE_TENSORS.get(t.device.type)
     if own is not None:
         return own[0](t, device)
-    if t.device.type == "cuda" and device.platform == "gpu":
-        return jax.dlpack.from_dlpack(t)
-    return jax.device_put(jax.dlpack.from_dlpack(t.cpu()), device)
+    return copy_to(t, device)
+
+
+def copy_to(t: torch.Tensor, device: jax.Device):
+    """A copy of `t` on `device` (another platform's, or another device type's tensor). Under
+    x64, as programs are lowered: without it JAX narrows int64 to int32, and a TPU program
+    refused its int64 token ids."""
+    with jax.enable_x64(True):
+        if t.device.type == "cuda" and device.platform == "gpu":
+            return jax.dlpack.from_dlpack(t)
+        return jax.device_put(jax.dlpack.from_dlpack(t.cpu()), device)
 
 
 def from_cpu_buffer(array) -> torch.Tensor:

@@ -53,11 +53,19 @@ def attention(q, k, v, mask=None, causal=False, scale=None):
     return out, (top + jnp.log(total))[..., 0]
 
 
+def _flash_choice(ctx, q, k, v, attn_mask, dropout_p) -> str:
+    """The flash kernel's choice for this attention; interpret mode (XLA's own dots) keeps float32."""
+    why_not = flash.supports(q, k, v, attn_mask, dropout_p)
+    if why_not is None and ctx.platform == "tpu" and getattr(ctx.options, "pallas", "auto") == "auto":
+        why_not = flash.precision_gap(q.dtype)
+    return kernels.choose(ctx, "flash_attention", why_not)
+
+
 @op(aten._scaled_dot_product_flash_attention_for_cpu.default)
 def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     if dropout_p:
         raise NotImplementedError("dropout inside fused attention; use the math path (dropout_p=0)")
-    choice = kernels.choose(ctx, "flash_attention", flash.supports(q, k, v, attn_mask, dropout_p))
+    choice = _flash_choice(ctx, q, k, v, attn_mask, dropout_p)
     if choice != kernels.XLA:
         with kernels.running(choice):
             return flash.flash_fwd(q, k, v, attn_mask, is_causal, scale)
@@ -68,7 +76,7 @@ def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=N
 @op(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
 def _sdpa_flash_cpu_backward(ctx, grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *,
                              attn_mask=None, scale=None):
-    choice = kernels.choose(ctx, "flash_attention", flash.supports(q, k, v, attn_mask, dropout_p))
+    choice = _flash_choice(ctx, q, k, v, attn_mask, dropout_p)
     if choice != kernels.XLA:
         with kernels.running(choice):
             return flash.flash_bwd(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+from jax import lax
 import torch
 
 from torchtpu.compiler.registry import op
@@ -75,8 +76,12 @@ def _arange(ctx, *args, dtype=None, layout=None, device=None, pin_memory=None):
     n = size if isinstance(size, int) else max(0, math.ceil((end - start) / step))
     out = ctx.out_dtype
     if jnp.issubdtype(out, jnp.floating):
-        return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(out)
-    return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(out)
+        values = (start + jnp.arange(n, dtype=jnp.float64) * step).astype(out)
+    else:
+        values = (start + jnp.arange(n, dtype=jnp.int64) * step).astype(out)
+    if ctx.platform in ("tpu", "portable"):  # XLA:TPU miscompiles slices of a concatenated iota (DECISIONS 94)
+        values = lax.optimization_barrier(values)
+    return values
 
 
 @op(aten.empty_permuted.default)
