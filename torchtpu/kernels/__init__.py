@@ -10,6 +10,10 @@ own ops, and records the choice as a "kernel" compile event:
 | "off" | XLA's own ops | XLA's own ops |
 | "auto" with option `mesh` | XLA's own ops (XLA does not partition Mosaic calls) | XLA's own ops |
 
+Float32 attention on a TPU target is the exception: the shipped flash kernel's matmuls are
+bfloat16-precise, so it takes float32 only under torch's float32 matmul precision "medium"
+(kernels/attention.py `precision_gap`, docs/DECISIONS.md 94).
+
 Interpret mode runs a kernel's body as ordinary XLA ops (a loop over the grid), so its
 numerics are checked on any machine. A multi-platform ("portable") export never gets a
 Mosaic kernel: a TPU custom call does not lower for other platforms.
