@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import fcntl
+import functools
 import json
 from pathlib import Path
 

@@ -30,13 +30,14 @@ from torchtpu.plans import MASK
 MOSAIC, INTERPRET, XLA = "mosaic", "interpret", "xla"
 
 
-def choose(ctx, kernel: str, why_not: str | None = None) -> str:
+def choose(ctx, kernel: str, why_not: str | None = None, mosaic_why_not: str | None = None) -> str:
     """MOSAIC, INTERPRET or XLA for the node `ctx` lowers; records a "kernel" event.
 
     Args:
         ctx: the rule's LowerCtx (platform, options, node).
         kernel: the kernel's name, e.g. "flash_attention".
         why_not: why the kernel cannot take this node's arguments (None: it can).
+        mosaic_why_not: why its compiled (Mosaic) form cannot, where interpret mode can (None: it can).
     """
     mode = getattr(ctx.options, "pallas", "auto")
     if mode == "off":
@@ -50,7 +51,7 @@ def choose(ctx, kernel: str, why_not: str | None = None) -> str:
     elif getattr(ctx.options, "mesh", None) is not None:  # XLA's partitioner cannot split a Mosaic call
         choice, why = XLA, "option mesh: Mosaic kernels are not partitioned by XLA (they would need shard_map)"
     elif ctx.platform == "tpu":
-        choice, why = MOSAIC, "TPU target"
+        choice, why = (XLA, mosaic_why_not) if mosaic_why_not is not None else (MOSAIC, "TPU target")
     else:
         choice, why = XLA, f"{ctx.platform} target: XLA's own ops"
     events.record("kernel", kernel=kernel, choice=choice, platform=ctx.platform, why=why,

@@ -54,11 +54,9 @@ def attention(q, k, v, mask=None, causal=False, scale=None):
 
 
 def _flash_choice(ctx, q, k, v, attn_mask, dropout_p) -> str:
-    """The flash kernel's choice for this attention; interpret mode (XLA's own dots) keeps float32."""
-    why_not = flash.supports(q, k, v, attn_mask, dropout_p)
-    if why_not is None and ctx.platform == "tpu" and getattr(ctx.options, "pallas", "auto") == "auto":
-        why_not = flash.precision_gap(q.dtype)
-    return kernels.choose(ctx, "flash_attention", why_not)
+    """The flash kernel's choice for this attention (float32 only where its matmuls may be bfloat16)."""
+    return kernels.choose(ctx, "flash_attention", flash.supports(q, k, v, attn_mask, dropout_p),
+                          mosaic_why_not=flash.precision_gap(q.dtype))
 
 
 @op(aten._scaled_dot_product_flash_attention_for_cpu.default)
