@@ -30,8 +30,9 @@ class Options:
         mesh: {"dp": N, "tp": M}: run partitioned over a device mesh (see torchtpu/spmd, docs/spmd.md).
         tp_plan: with a mesh: "auto" (the Hugging Face model's own plan) or {pattern: "colwise" |
             "rowwise" | "replicate" | "sequence"}; None: parameters replicated (data parallel).
-        aten_kernels: "auto" (default: on the CPU, convolutions call ATen's oneDNN kernels inside
-            the XLA program, 2d/3d ones channels-last, see kernels/aten_cpu.py) or "off" (XLA's own).
+        aten_kernels: "auto" (default: on the CPU, convolutions, MoE grouped matmuls and the attention
+            backward call ATen's kernels inside the XLA program, see kernels/aten_cpu.py) or "off"
+            (XLA's own).
         check_indices: True (default): programs check every position they read or write by tensor
             value (embedding, gather, index, scatter, ...) and torch's asserts, and the call raises
             torch's error (IndexError, RuntimeError) for a bad one; False: no checks (XLA then

@@ -1,6 +1,6 @@
 // XLA FFI handlers that run ATen's CPU kernels (oneDNN) inside an XLA:CPU program.
 //
-// Built and registered by torchtpu/kernels/aten_cpu.py; the convolution and grouped-matmul rules
+// Built and registered by torchtpu/kernels/aten_cpu.py; the convolution, grouped-matmul and attention rules
 // call them on the CPU platform only (docs/DECISIONS.md). Operands and results are XLA buffers, row-major or (with
 // the `channels_last` attribute) channels-minor, wrapped as ATen tensors of that memory format
 // without copying; the result is copied into XLA's output buffer, or (float32 2d) computed there.
@@ -16,6 +16,7 @@
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/_grouped_mm.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <c10/core/InferenceMode.h>
 
 #include "xla/ffi/api/ffi.h"
@@ -173,6 +174,42 @@ ffi::Error GroupedMm(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Buffer<ffi::S32> o
   return ffi::Error::Success();
 }
 
+// (d/dq, d/dk, d/dv) of scaled dot-product attention from the forward's output and logsumexp:
+// ATen's CPU flash-attention backward, as eager's training step runs it. q, k, v, out and
+// grad_out are [B, H, L, D] row-major of one dtype with as many kv heads as q heads; logsumexp
+// is float32 [B, H, L]; `mask` (with has_mask) is an additive mask of q's dtype that
+// broadcasts to [B, H, L, S].
+ffi::Error AttentionBackward(ffi::AnyBuffer grad_out, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                             ffi::AnyBuffer out, ffi::Buffer<ffi::F32> logsumexp, ffi::AnyBuffer mask,
+                             ffi::Result<ffi::AnyBuffer> grad_q, ffi::Result<ffi::AnyBuffer> grad_k,
+                             ffi::Result<ffi::AnyBuffer> grad_v, int64_t is_causal, int64_t has_mask,
+                             int64_t has_scale, double scale) {
+  at::ScalarType type;
+  if (!ScalarType(q.element_type(), &type) || k.element_type() != q.element_type() ||
+      v.element_type() != q.element_type() || out.element_type() != q.element_type() ||
+      grad_out.element_type() != q.element_type() || (has_mask && mask.element_type() != q.element_type())) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_attention_backward: unsupported dtype");
+  }
+  try {
+    at::internal::lazy_init_num_threads();
+    c10::InferenceMode guard;
+    std::optional<at::Tensor> m;
+    if (has_mask) m = Wrap(mask.untyped_data(), mask.dimensions(), type, false);
+    auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        Wrap(grad_out.untyped_data(), grad_out.dimensions(), type, false),
+        Wrap(q.untyped_data(), q.dimensions(), type, false), Wrap(k.untyped_data(), k.dimensions(), type, false),
+        Wrap(v.untyped_data(), v.dimensions(), type, false), Wrap(out.untyped_data(), out.dimensions(), type, false),
+        Wrap(logsumexp.typed_data(), logsumexp.dimensions(), at::kFloat, false), /*dropout_p=*/0.0,
+        is_causal != 0, m, has_scale ? std::optional<double>(scale) : std::nullopt);
+    Wrap(grad_q->untyped_data(), grad_q->dimensions(), type, false).copy_(gq);
+    Wrap(grad_k->untyped_data(), grad_k->dimensions(), type, false).copy_(gk);
+    Wrap(grad_v->untyped_data(), grad_v->dimensions(), type, false).copy_(gv);
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_attention_backward: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenGroupedMm, GroupedMm,
@@ -221,3 +258,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolutionInto, ConvolutionInto,
                                   .Attr<int64_t>("groups")
                                   .Attr<int64_t>("has_bias")
                                   .Attr<int64_t>("relu"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenAttentionBackward, AttentionBackward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("is_causal")
+                                  .Attr<int64_t>("has_mask")
+                                  .Attr<int64_t>("has_scale")
+                                  .Attr<double>("scale"));

@@ -1,14 +1,16 @@
-"""ATen's CPU convolution and grouped matmul as XLA custom calls: oneDNN's kernels inside an
-XLA:CPU program.
+"""ATen's CPU convolution, grouped matmul and attention backward as XLA custom calls: torch's
+own kernels (oneDNN's for convolutions) inside an XLA:CPU program.
 
 XLA's CPU convolutions are slow next to oneDNN's (docs/DECISIONS.md 38), and Inductor calls
 oneDNN for its convolutions too; 2d/3d calls ask XLA for channels-last buffers (decision 40).
 XLA:CPU's ragged dot (MoE experts' `_grouped_mm`) is a dense product masked per group, so each
-group pays for all of them (decision 79). `aten_cpu.cc` is compiled once per source, torch and
+group pays for all of them (decision 79). XLA:CPU's batched products over the attention
+probabilities' key axis ran the attention backward 2-3x slower than torch's kernel (decision 96).
+`aten_cpu.cc` is compiled once per source, torch and
 jaxlib version into TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`)
 with `$CXX` (default g++), then registered with XLA as the CPU FFI targets
 `torchtpu_aten_convolution`, `..._into` (float32 2d, written into XLA's buffer: decision 43),
-`..._backward` and `torchtpu_aten_grouped_mm`. Where it cannot be built, these stay XLA's and
+`..._backward`, `torchtpu_aten_grouped_mm` and `torchtpu_aten_attention_backward`. Where it cannot be built, these stay XLA's and
 one warning says why.
 `TORCHTPU_ATEN_KERNELS=0` or the option `aten_kernels="off"` turns it off.
 
@@ -30,6 +32,7 @@ TARGET = "torchtpu_aten_convolution"
 BACKWARD_TARGET = "torchtpu_aten_convolution_backward"
 INTO_TARGET = "torchtpu_aten_convolution_into"
 GROUPED_MM_TARGET = "torchtpu_aten_grouped_mm"
+ATTENTION_BACKWARD_TARGET = "torchtpu_aten_attention_backward"
 SOURCE = Path(__file__).with_name("aten_cpu.cc")
 
 log = logging.getLogger("torchtpu.kernels")
@@ -85,6 +88,8 @@ def _register(path: Path) -> None:
     jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolutionBackward),
                                 platform="cpu")
     jax.ffi.register_ffi_target(GROUPED_MM_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenGroupedMm), platform="cpu")
+    jax.ffi.register_ffi_target(ATTENTION_BACKWARD_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenAttentionBackward),
+                                platform="cpu")
 
 
 def writes_into(x, w, channels_last: bool) -> bool:
@@ -141,6 +146,35 @@ def grouped_mm(a, b, offs, out_shape):
 
     call = jax.ffi.ffi_call(GROUPED_MM_TARGET, jax.ShapeDtypeStruct(tuple(out_shape), a.dtype))
     return call(a, b, offs.astype(jnp.int32))
+
+
+def attention_backward_supports(grad_out, q, k, v, out, mask) -> bool:
+    """Whether `attention_backward` takes these: one float dtype ATen's kernel has, as many kv
+    heads as q heads, and no mask or an additive mask of that dtype."""
+    return (one_dtype(grad_out, q, k, v, out) and k.shape[-3] == q.shape[-3] and q.ndim == 4
+            and (mask is None or mask.dtype == q.dtype))
+
+
+def one_dtype(*arrays) -> bool:
+    """All of one dtype the kernels take (float32, float64, bfloat16)."""
+    import jax.numpy as jnp
+
+    return arrays[0].dtype in (jnp.float32, jnp.float64, jnp.bfloat16) and all(a.dtype == arrays[0].dtype
+                                                                                for a in arrays)
+
+
+def attention_backward(grad_out, q, k, v, out, logsumexp, mask=None, is_causal=False, scale=None):
+    """torch's CPU flash-attention backward (d/dq, d/dk, d/dv) where `attention_backward_supports`."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (q, k, v))
+    call = jax.ffi.ffi_call(ATTENTION_BACKWARD_TARGET, shapes)
+    return call(grad_out, q, k, v, out, logsumexp.astype(jnp.float32),
+                mask if mask is not None else jnp.zeros((), q.dtype),
+                is_causal=np.int64(bool(is_causal)), has_mask=np.int64(mask is not None),
+                has_scale=np.int64(scale is not None), scale=np.float64(scale or 0.0))
 
 
 def _cl(ndim: int) -> tuple:

@@ -2,7 +2,8 @@
 (`_scaled_dot_product_flash_attention_for_cpu` and its backward).
 
 Per node, `kernels.choose` picks JAX's TPU flash attention (Mosaic on a TPU target, or
-interpret mode) or XLA's own ops. The XLA backward is the VJP of the same math; the kernel
+interpret mode) or XLA's own ops. The XLA backward is torch's from the saved output and logsumexp,
+on the CPU torch's own kernel as a custom call (kernels/aten_cpu.py); the kernel
 backward is the kernel's own backward half fed with the forward's logsumexp. Forward and
 backward of one graph pair always choose alike: the choice depends only on the options, the
 target and the arguments, which both nodes share."""
@@ -16,10 +17,32 @@ import torch
 
 from torchtpu import kernels
 from torchtpu.compiler.registry import op
-from torchtpu.kernels import attention as flash
+from torchtpu.compiler.rules.conv import use_aten
 from torchtpu.compiler.rules.reduction import accumulate_dtype
+from torchtpu.kernels import aten_cpu, attention as flash
 
 aten = torch.ops.aten
+
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _heads_like(q, kv):
+    """Grouped-query attention: each kv head repeated for its group of q heads."""
+    rep = q.shape[-3] // kv.shape[-3]
+    return kv if rep == 1 else jnp.repeat(kv, rep, axis=-3)
+
+
+def _scores(q, k, mask, causal, scale):
+    """q k^T * scale, with the causal and the given mask applied (masked: -inf)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=_HIGHEST) * scale
+    if causal:
+        lq, lk = scores.shape[-2], scores.shape[-1]
+        scores = jnp.where(jnp.tril(jnp.ones((lq, lk), jnp.bool_)), scores, -jnp.inf)
+    if mask is not None:
+        scores = jnp.where(mask, scores, -jnp.inf) if mask.dtype == jnp.bool_ else scores + mask.astype(scores.dtype)
+    return scores
 
 
 def attention(q, k, v, mask=None, causal=False, scale=None):
@@ -28,29 +51,49 @@ def attention(q, k, v, mask=None, causal=False, scale=None):
     The softmax's division is applied to the output (rows of v's width) rather than to the
     probabilities (rows of the key length), and a fully masked row's max is clamped to the
     dtype's lowest finite value rather than replaced through an isfinite test: both the same
-    numbers (a fully masked row gives zeros and a logsumexp of -inf, as torch's kernel), and
+    numbers (a fully masked row gives zeros and a logsumexp of 0, as torch's kernel), and
     XLA:CPU fuses this form far better: the diffusers UNet's self-attention (8 heads of 4, 256
     tokens, batch 8) went from 22 to 3.9 ms when the logsumexp is not used, 22 to 17 when it is.
     """
     acc = accumulate_dtype(q.dtype)
-    q, k, v = q.astype(acc), k.astype(acc), v.astype(acc)
-    if k.shape[-3] != q.shape[-3]:  # grouped-query attention: repeat kv heads
-        rep = q.shape[-3] // k.shape[-3]
-        k, v = jnp.repeat(k, rep, axis=-3), jnp.repeat(v, rep, axis=-3)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=jax.lax.Precision.HIGHEST) * scale
-    if causal:
-        lq, lk = scores.shape[-2], scores.shape[-1]
-        keep = jnp.tril(jnp.ones((lq, lk), jnp.bool_))
-        scores = jnp.where(keep, scores, -jnp.inf)
-    if mask is not None:
-        scores = jnp.where(mask, scores, -jnp.inf) if mask.dtype == jnp.bool_ else scores + mask.astype(acc)
+    q, k, v = q.astype(acc), _heads_like(q, k.astype(acc)), _heads_like(q, v.astype(acc))
+    scores = _scores(q, k, mask, causal, scale)
     top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), jnp.finfo(acc).min)  # -inf rows: exp gives 0
     weights = jnp.exp(scores - top)
     total = jnp.sum(weights, axis=-1, keepdims=True)
-    out = jnp.einsum("...qk,...kd->...qd", weights, v, precision=jax.lax.Precision.HIGHEST)
-    out = out / jnp.where(total == 0, 1.0, total)  # a fully masked row: 0, not 0 / 0
-    return out, (top + jnp.log(total))[..., 0]
+    out = jnp.einsum("...qk,...kd->...qd", weights, v, precision=_HIGHEST)
+    empty = total == 0  # a fully masked row: output 0 (not 0 / 0) and logsumexp 0, as torch's kernel
+    out = out / jnp.where(empty, 1.0, total)
+    return out, jnp.where(empty, 0.0, top + jnp.log(total))[..., 0]
+
+
+def attention_backward(grad_out, q, k, v, out, logsumexp, mask=None, causal=False, scale=None):
+    """(dq, dk, dv) of `attention` from its saved output and logsumexp, as torch's CPU kernel
+    computes them: P = exp(S - lse) recomputed once, dS = P * (dO V^T - rowsum(dO * O)).
+
+    Not the VJP of `attention`: that one recomputes the softmax and also differentiates its max
+    (a [.., q, k] compare and select whose gradient is zero), three passes over the scores more
+    (the UNet's 256-token self-attention backward: docs/DECISIONS.md 96)."""
+    acc = accumulate_dtype(q.dtype)
+    q, grad_out, out = q.astype(acc), grad_out.astype(acc), out.astype(acc)
+    kr, vr = _heads_like(q, k.astype(acc)), _heads_like(q, v.astype(acc))
+    # a fully masked row's scores are all -inf and its logsumexp 0: its probabilities are 0
+    probs = jnp.exp(_scores(q, kr, mask, causal, scale) - logsumexp.astype(acc)[..., None])
+    dv = jnp.einsum("...qk,...qd->...kd", probs, grad_out, precision=_HIGHEST)
+    dp = jnp.einsum("...qd,...kd->...qk", grad_out, vr, precision=_HIGHEST)
+    ds = probs * (dp - jnp.sum(grad_out * out, axis=-1, keepdims=True))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dq = jnp.einsum("...qk,...kd->...qd", ds, kr, precision=_HIGHEST) * scale
+    dk = jnp.einsum("...qk,...qd->...kd", ds, q, precision=_HIGHEST) * scale
+    return dq, _group_sum(dk, k), _group_sum(dv, v)
+
+
+def _group_sum(grad, kv):
+    """Grouped-query attention: each kv head's gradient is the sum over its group of q heads."""
+    if grad.shape[-3] == kv.shape[-3]:
+        return grad
+    group = (*kv.shape[:-3], kv.shape[-3], grad.shape[-3] // kv.shape[-3], *grad.shape[-2:])
+    return grad.reshape(group).sum(axis=-3)
 
 
 def _flash_choice(ctx, q, k, v, attn_mask, dropout_p) -> str:
@@ -78,10 +121,8 @@ def _sdpa_flash_cpu_backward(ctx, grad_out, q, k, v, out, logsumexp, dropout_p, 
     if choice != kernels.XLA:
         with kernels.running(choice):
             return flash.flash_bwd(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)
-    acc = accumulate_dtype(q.dtype)
-
-    def f(q, k, v):
-        return attention(q, k, v, attn_mask, is_causal, scale)[0]
-
-    _, vjp = jax.vjp(f, q.astype(acc), k.astype(acc), v.astype(acc))
-    return vjp(grad_out.astype(acc))
+    kr, vr = _heads_like(q, k), _heads_like(q, v)
+    if use_aten(ctx) and aten_cpu.attention_backward_supports(grad_out, q, kr, vr, out, attn_mask):
+        dq, dk, dv = aten_cpu.attention_backward(grad_out, q, kr, vr, out, logsumexp, attn_mask, is_causal, scale)
+        return dq, _group_sum(dk, k), _group_sum(dv, v)
+    return attention_backward(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)

@@ -48,7 +48,7 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     output_padding = _expand(output_padding or 0, nd)
-    if aten and not transposed and (groups == 1 or _channels_last(nd)) and aten_dtypes(x, w):
+    if aten and not transposed and (groups == 1 or _channels_last(nd)) and aten_cpu.one_dtype(x, w):
         return _aten_convolution(x, w, stride, padding, dilation, groups)
     acc = accumulate_dtype(x.dtype)
     integer = not jnp.issubdtype(x.dtype, jnp.inexact)
@@ -79,7 +79,6 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
         rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups, **kw)
 
 
-_ATEN_DTYPES = (jnp.float32, jnp.float64, jnp.bfloat16)
 _MAX_SHIFTED_TAPS = 64  # kernel elements: one multiply-add each, fused by XLA into one loop
 _MAX_SPLIT_GROUPS = 16
 
@@ -126,10 +125,6 @@ def _add_bias(out, bias):
     return out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
 
 
-def aten_dtypes(*arrays) -> bool:
-    return arrays[0].dtype in _ATEN_DTYPES and all(a.dtype == arrays[0].dtype for a in arrays)
-
-
 def use_aten(ctx) -> bool:
     """ATen's CPU kernels for this program: the CPU target, not partitioned, not turned off."""
     return (ctx.platform == "cpu" and ctx.options.aten_kernels == "auto" and ctx.options.mesh is None
@@ -155,7 +150,7 @@ def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation
     acc = accumulate_dtype(grad.dtype)
     grad_input = grad_weight = grad_bias = None
     nd = x.ndim - 2
-    if (output_mask[0] or output_mask[1]) and not transposed and aten_dtypes(grad, x, w) and use_aten(ctx):
+    if (output_mask[0] or output_mask[1]) and not transposed and aten_cpu.one_dtype(grad, x, w) and use_aten(ctx):
         grad_input, grad_weight = aten_cpu.convolution_backward(
             grad, x, w, _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups, output_mask[:2],
             channels_last=_channels_last(nd))

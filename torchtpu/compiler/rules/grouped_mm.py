@@ -29,7 +29,7 @@ import torch
 
 from torchtpu import kernels
 from torchtpu.compiler.registry import op
-from torchtpu.compiler.rules.conv import aten_dtypes, use_aten
+from torchtpu.compiler.rules.conv import use_aten
 from torchtpu.compiler.rules.linalg import precision
 from torchtpu.compiler.rules.reduction import accumulate_dtype
 from torchtpu.kernels import aten_cpu
@@ -66,7 +66,7 @@ def grouped_mm(ctx, a, b, offs):
             if a.ndim == 3:
                 return megablox.gmm(b.T, a, sizes, transpose_rhs=True).T
             return megablox.tgmm(a, b, sizes)
-    if use_aten(ctx) and aten_dtypes(a, b):
+    if use_aten(ctx) and aten_cpu.one_dtype(a, b):
         return aten_cpu.grouped_mm(a, b, offs, _out_shape(a, b, offs))
     if ctx.platform not in ("gpu", "tpu"):  # XLA:CPU's DotThunk lacks bf16 x bf16 -> f32 (exact in f32)
         a, b = a.astype(acc), b.astype(acc)
