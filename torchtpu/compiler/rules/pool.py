@@ -136,8 +136,41 @@ def _max_pool(ctx, x, nd, kernel, stride, padding, dilation):
             return _max_values_cpu(x, nd, out, kernel, stride, padding, dilation), None
         return _max_values(x, nd, out, kernel, stride, padding, dilation), None
     tables = _regular_tables(x, nd, out, kernel, stride, padding, dilation)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return _max_with_indices_by_taps(x, tables, _window(nd, kernel, stride, padding, dilation)[1])
     values, valid, flat = _windows(x, tables)
     return _max_with_indices(values, valid, flat)
+
+
+def _max_with_indices_by_taps(x, tables, stride):
+    """torch's max pool with indices as its own scan over the window's taps, each tap one strided
+    slice of the (-inf) padded input: an element replaces the running max when it is greater or
+    NaN, and the index starts at the window's first element inside the input (torch's CPU kernel
+    line for line). XLA fuses the taps into one loop; the gather of whole windows and the
+    reductions over them that `_windows` and `_max_with_indices` build cost ResNet's 3x3/2 pool
+    on [8, 32, 32, 32] about 10x as much (docs/DECISIONS.md 97)."""
+    nd = len(tables)
+    lead = x.ndim - nd
+    sizes = x.shape[-nd:]
+    low = [max(0, -int(pos.min())) for pos, _ in tables]
+    high = [max(0, int(pos.max()) + 1 - n) for (pos, _), n in zip(tables, sizes)]
+    xp = jnp.pad(x, [(0, 0)] * lead + list(zip(low, high)), constant_values=-jnp.inf)
+    plane = np.cumprod((1,) + tuple(sizes[:0:-1]))[::-1]  # flat offset of one step along each axis
+
+    def flat(cols):  # (*out,) flat positions of one tap column per axis
+        return sum(np.reshape(c, [-1 if i == a else 1 for i in range(nd)]) * plane[a] for a, c in enumerate(cols))
+
+    first = [pos[np.arange(len(pos)), np.argmax(ok, axis=1)] for pos, ok in tables]
+    best = jnp.full(x.shape[:lead] + tuple(len(pos) for pos, _ in tables), -jnp.inf, x.dtype)
+    index = jnp.broadcast_to(jnp.asarray(flat(first), jnp.int64), best.shape)
+    for tap in itertools.product(*(range(pos.shape[1]) for pos, _ in tables)):
+        start = [int(pos[0, t]) + lo for (pos, _), t, lo in zip(tables, tap, low)]
+        limit = [b + s * (len(pos) - 1) + 1 for b, s, (pos, _) in zip(start, stride, tables)]
+        piece = lax.slice(xp, [0] * lead + start, list(x.shape[:lead]) + limit, [1] * lead + stride)
+        take = (piece > best) | jnp.isnan(piece)  # padding is -inf: never taken
+        best = jnp.where(take, piece, best)
+        index = jnp.where(take, jnp.asarray(flat([pos[:, t] for (pos, _), t in zip(tables, tap)]), jnp.int64), index)
+    return best, index
 
 
 def _indices_used(node) -> bool:
