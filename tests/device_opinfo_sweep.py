@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import functools
 import json
 from pathlib import Path
 
@@ -160,8 +159,7 @@ def run_case(opinfo, dtype_name: str) -> Result:
         try:
             torch.manual_seed(0)
             actual = _to_cpu(opinfo_sweep._run(opinfo, _on_tpu(rebuild), _to_tpu(tensors, grad=False)))
-            canonical = functools.partial(opinfo_sweep.canonical, opinfo)
-            opinfo_sweep.compare(canonical(actual), canonical(expected), kind)
+            opinfo_sweep.check(opinfo, rebuild, tensors, actual, expected, kind)
             if backward and kind == "values" and tried == 1:  # most of a case's programs: once
                 step = "backward"
                 expected_grads = _cpu_grads(opinfo, rebuild, tensors)

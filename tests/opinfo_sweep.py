@@ -1,7 +1,9 @@
 """The OpInfo conformance sweep: every OpInfo sample compiled with backend="tpu" vs eager.
 
 One OpInfo × dtype is a "case". A case passes when every sample tried matches eager
-(rtol 1.3e-4, atol 1e-4 for floats; exact for integers and bools). Samples that Dynamo +
+(rtol 1.3e-4, atol 1e-4 for floats; exact for integers and bools); a bfloat16 sample that misses
+eager's bfloat16 numbers passes when it is no worse than eager against the op in float32
+(`check`: eager's own bfloat16 kernels round differently by CPU, e.g. with or without AVX512-BF16). Samples that Dynamo +
 AOTAutograd cannot capture (backend="aot_eager" fails too) are not ours to pass: a case
 whose samples are all uncapturable is "uncapturable" and leaves the denominator.
 Random ops (two eager runs under different seeds differ) are checked by shape and dtype,
@@ -144,6 +146,41 @@ def compare(actual, expected, kind: str = "values") -> None:
         torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True, check_stride=False)
 
 
+def check(opinfo, rebuild, tensors, actual, expected, kind: str = "values") -> None:
+    """`compare` of our outputs with eager's, output by output; a bfloat16 output that misses
+    eager's must be no worse than eager's against the same op run in float32 (the project's bar
+    for bfloat16: eager's bfloat16 is a measure of the error torch accepts, not the truth). Every
+    other output (indices, integers, float32) must match as `compare` says."""
+    actual, expected = canonical(opinfo, actual), canonical(opinfo, expected)
+    try:
+        compare(actual, expected, kind)
+        return
+    except AssertionError:
+        if kind != "values":
+            raise
+    widened = [t.float() if t.dtype == torch.bfloat16 else t for t in _clone(tensors)]
+    torch.manual_seed(0)
+    reference = pytree.tree_leaves(canonical(opinfo, _run(opinfo, rebuild, widened)))
+    for a, e, r in zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected), reference):
+        try:
+            compare(a, e, kind)
+        except AssertionError as mismatch:
+            if not (isinstance(e, torch.Tensor) and e.dtype == torch.bfloat16 and isinstance(a, torch.Tensor)
+                    and a.dtype == e.dtype and isinstance(r, torch.Tensor) and r.shape == e.shape):
+                raise
+            ours, eager = _error(a, r), _error(e, r)
+            if not ours <= 1.25 * eager + 1e-3:
+                raise AssertionError(f"{mismatch}; against float32 ours is {ours:.3g} off, "
+                                     f"eager's bfloat16 {eager:.3g}") from None
+
+
+def _error(x, reference) -> float:
+    """Largest absolute difference, NaNs and infinities where the reference has them excepted."""
+    x, reference = x.double(), reference.double()
+    same = (x == reference) | (x.isnan() & reference.isnan())
+    return (x - reference).abs().masked_fill(same, 0).nan_to_num(float("inf")).max().item() if x.numel() else 0.0
+
+
 def run_case(opinfo, dtype_name: str) -> Result:
     dtype = DTYPES[dtype_name]
     samples = opinfo.sample_inputs("cpu", dtype, requires_grad=False)
@@ -163,7 +200,7 @@ def run_case(opinfo, dtype_name: str) -> Result:
             kind = _check_kind(opinfo, rebuild, tensors)
             torch.manual_seed(0)
             actual = _run(opinfo, rebuild, _clone(tensors), backend="tpu")
-            compare(canonical(opinfo, actual), canonical(opinfo, expected), kind)
+            check(opinfo, rebuild, tensors, actual, expected, kind)
             passed += 1
         except Exception as exc:  # noqa: BLE001 — classify below
             if not _captures(opinfo, rebuild, tensors):
