@@ -162,8 +162,15 @@ def machine() -> dict:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = None
+    flags = next((set(line.split(":", 1)[1].split()) for line in _read("/proc/cpuinfo").splitlines()
+                  if line.startswith("flags")), set())
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem_kb / 2**20, 1),
+            "isa": [f for f in ISA_FLAGS if f in flags],
             "platform": platform.platform(), "python": platform.python_version(), "versions": versions}
+
+
+# the CPU features that move eager's bfloat16 (and float32) kernels by several times
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def source_version() -> str:
@@ -223,8 +230,11 @@ def format_table(doc: dict) -> str:
     sources = sorted({c["source"] for c in doc["cells"] if c.get("source")}) or [doc.get("source", "?")]
     threads = doc.get("args", {}).get("threads")
     threads = "one torch and one XLA thread per cell" if threads == "1" else "default thread settings"
+    isa = ""
+    if "isa" in m:  # older documents do not record it
+        isa = f"ISA {'+'.join(m['isa']) or 'baseline'}{'' if 'avx512f' in m['isa'] else ' (no AVX512)'}, "
     lines.append(f"\n{doc['date']}  torchtpu {', '.join(sources)}  {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB, "
-                 f"{threads}; "
+                 f"{isa}{threads}; "
                  f"load average before {load['before']}, after {load['after']}")
     lines += [f"note: {n}" for n in doc["notes"]]
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import json
 import math
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -216,3 +217,15 @@ def test_device_ops_benchmark_times_every_case_in_every_column():
         assert sorted(columns) == ["cpu", "defer", "strict"]
         assert all(0 < c["best_us"] <= c["median_us"] for c in columns.values())
     assert "add_ready" in device_ops.table(results)
+
+
+def test_the_footer_names_the_cpu_features_that_move_bfloat16():
+    isa = report.machine()["isa"]
+    assert isinstance(isa, list) and set(isa) <= set(report.ISA_FLAGS)
+    doc = json.loads((Path(__file__).parent.parent / "benchmarks/results/suite.json").read_text())
+    doc["machine"]["isa"] = ["avx2"]
+    assert "ISA avx2 (no AVX512), " in report.format_table(doc).splitlines()[-1]
+    doc["machine"]["isa"] = ["avx2", "avx512f", "avx512_bf16"]
+    assert "ISA avx2+avx512f+avx512_bf16, " in report.format_table(doc).splitlines()[-1]
+    del doc["machine"]["isa"]  # a document from before the field
+    assert "ISA" not in report.format_table(doc).splitlines()[-1]
