@@ -5,13 +5,13 @@ XLA's CPU convolutions are slow next to oneDNN's (docs/DECISIONS.md 38), and Ind
 oneDNN for its convolutions too; 2d/3d calls ask XLA for channels-last buffers (decision 40).
 XLA:CPU's ragged dot (MoE experts' `_grouped_mm`) is a dense product masked per group, so each
 group pays for all of them (decision 79). XLA:CPU's batched products over the attention
-probabilities' key axis ran the attention backward 2-3x slower than torch's kernel (decision 96).
-`aten_cpu.cc` is compiled once per source, torch and
-jaxlib version into TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`)
-with `$CXX` (default g++), then registered with XLA as the CPU FFI targets
-`torchtpu_aten_convolution`, `..._into` (float32 2d, written into XLA's buffer: decision 43),
-`..._backward`, `torchtpu_aten_grouped_mm` and `torchtpu_aten_attention_backward`. Where it cannot be built, these stay XLA's and
-one warning says why.
+probabilities' query axis ran the attention backward 2-3x slower than torch's kernel (decision
+96). `aten_cpu.cc` is compiled once per source, torch and jaxlib version into
+TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`) with `$CXX` (default
+g++), then registered with XLA as the CPU FFI targets `torchtpu_aten_convolution`, `..._into`
+(float32 2d, written into XLA's buffer: decision 43), `..._backward`, `torchtpu_aten_grouped_mm`
+and `torchtpu_aten_attention_backward`. Where it cannot be built, these stay XLA's and one
+warning says why.
 `TORCHTPU_ATEN_KERNELS=0` or the option `aten_kernels="off"` turns it off.
 
     python -m torchtpu.kernels.aten_cpu     # builds it now (`make` does), prints the path
