@@ -27,12 +27,19 @@ def _case(case, dtype):
         mask = torch.randn(2, 1, 16, 12, dtype=dtype)
         mask[:, :, 3] = mask[1, :, 9] = -float("inf")
         kw = {"attn_mask": mask}
+    elif case == "bool_mask":  # torch makes it additive before the fused op; a row masked everywhere
+        mask = torch.rand(2, 4, 16, 12) > 0.3
+        mask[1, :, 5] = False
+        kw = {"attn_mask": mask}
+    elif case == "float_mask_2d":
+        kw = {"attn_mask": torch.randn(16, 12, dtype=dtype)}
     return (q, k, v), kw
 
 
 def _grads(fn, inputs, kw, dtype=None):
     leaves = [x.detach().to(dtype or x.dtype).requires_grad_() for x in inputs]
-    kw = {n: t.to(dtype) if dtype and isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+    kw = {n: t.to(dtype) if dtype and isinstance(t, torch.Tensor) and t.is_floating_point() else t
+          for n, t in kw.items()}
     out = fn(*leaves, **kw)
     torch.manual_seed(1)
     out.backward(torch.randn(out.shape).to(out.dtype))
@@ -49,7 +56,7 @@ def _programs(tmp_path) -> str:
 
 @NEEDS_CXX
 @pytest.mark.parametrize("aten", ["auto", "off"])
-@pytest.mark.parametrize("case", ["plain", "causal", "gqa", "scale", "masked_rows"])
+@pytest.mark.parametrize("case", ["plain", "causal", "gqa", "scale", "masked_rows", "bool_mask", "float_mask_2d"])
 def test_backward_matches_eager(tmp_path, case, aten):
     inputs, kw = _case(case, torch.float32)
     expected = _grads(F.scaled_dot_product_attention, inputs, kw)
@@ -57,13 +64,14 @@ def test_backward_matches_eager(tmp_path, case, aten):
     for g, e in zip(got, expected):
         assert not g.isnan().any()
         assert (g - e).abs().max().item() < 2e-5
-    # ATen's kernel on the CPU (GQA's kv heads repeated for it, their gradients summed back)
+    # ATen's kernel on the CPU (GQA's kv heads repeated for it, their gradients summed back);
+    # each case's backward signature is its own, so no case reuses another's program
     assert (TARGET in _programs(tmp_path)) == (aten == "auto")
 
 
 @NEEDS_CXX
 @pytest.mark.parametrize("aten", ["auto", "off"])
-@pytest.mark.parametrize("case", ["plain", "causal", "masked_rows"])
+@pytest.mark.parametrize("case", ["plain", "causal", "masked_rows", "bool_mask"])
 def test_bfloat16_no_worse_than_eager_against_float32(tmp_path, case, aten):
     inputs, kw = _case(case, torch.float32)
     reference = _grads(F.scaled_dot_product_attention, inputs, kw)

@@ -33,10 +33,14 @@ def _heads_like(q, kv):
     return kv if rep == 1 else jnp.repeat(kv, rep, axis=-3)
 
 
+def _scale(q, scale):
+    """The scores' scale: the given one, else torch's 1/sqrt(head width)."""
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
 def _scores(q, k, mask, causal, scale):
     """q k^T * scale, with the causal and the given mask applied (masked: -inf)."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=_HIGHEST) * scale
+    scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=_HIGHEST) * _scale(q, scale)
     if causal:
         lq, lk = scores.shape[-2], scores.shape[-1]
         scores = jnp.where(jnp.tril(jnp.ones((lq, lk), jnp.bool_)), scores, -jnp.inf)
@@ -82,7 +86,7 @@ def attention_backward(grad_out, q, k, v, out, logsumexp, mask=None, causal=Fals
     dv = jnp.einsum("...qk,...qd->...kd", probs, grad_out, precision=_HIGHEST)
     dp = jnp.einsum("...qd,...kd->...qk", grad_out, vr, precision=_HIGHEST)
     ds = probs * (dp - jnp.sum(grad_out * out, axis=-1, keepdims=True))
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scale = _scale(q, scale)
     dq = jnp.einsum("...qk,...kd->...qd", ds, kr, precision=_HIGHEST) * scale
     dk = jnp.einsum("...qk,...qd->...kd", ds, q, precision=_HIGHEST) * scale
     return dq, _group_sum(dk, k), _group_sum(dv, v)
@@ -121,8 +125,18 @@ def _sdpa_flash_cpu_backward(ctx, grad_out, q, k, v, out, logsumexp, dropout_p, 
     if choice != kernels.XLA:
         with kernels.running(choice):
             return flash.flash_bwd(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)
-    kr, vr = _heads_like(q, k), _heads_like(q, v)
-    if use_aten(ctx) and aten_cpu.attention_backward_supports(grad_out, q, kr, vr, out, attn_mask):
-        dq, dk, dv = aten_cpu.attention_backward(grad_out, q, kr, vr, out, logsumexp, attn_mask, is_causal, scale)
+    operands = _for_aten_backward(ctx, grad_out, q, k, v, out, attn_mask)
+    if operands is not None:
+        dq, dk, dv = aten_cpu.attention_backward(grad_out, q, *operands, out, logsumexp, attn_mask, is_causal, scale)
         return dq, _group_sum(dk, k), _group_sum(dv, v)
     return attention_backward(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)
+
+
+def _for_aten_backward(ctx, grad_out, q, k, v, out, mask):
+    """(k, v) as ATen's CPU attention backward takes them (kv heads repeated for grouped-query
+    attention), or None where it is not used."""
+    if not (use_aten(ctx) and q.ndim == 4 and aten_cpu.one_dtype(grad_out, q, k, v, out)
+            and q.shape[-3] % k.shape[-3] == 0):
+        return None
+    k, v = _heads_like(q, k), _heads_like(q, v)
+    return (k, v) if aten_cpu.attention_backward_supports(grad_out, q, k, v, out, mask) else None

@@ -121,7 +121,7 @@ def _window(nd, kernel, stride, padding, dilation):
 
 
 def _regular_tables(x, nd, out, kernel, stride, padding, dilation):
-    kernel, stride, padding, dilation = _window(nd, kernel, stride, padding, dilation)
+    """Per-axis window tables of a pool whose arguments `_window` expanded."""
     sizes = x.shape[-nd:]
     return [_regular_axis(sizes[i], out[i], kernel[i], stride[i], padding[i], dilation[i]) for i in range(nd)]
 
@@ -135,9 +135,10 @@ def _max_pool(ctx, x, nd, kernel, stride, padding, dilation):
         if ctx.platform == "cpu":
             return _max_values_cpu(x, nd, out, kernel, stride, padding, dilation), None
         return _max_values(x, nd, out, kernel, stride, padding, dilation), None
+    kernel, stride, padding, dilation = _window(nd, kernel, stride, padding, dilation)
     tables = _regular_tables(x, nd, out, kernel, stride, padding, dilation)
     if jnp.issubdtype(x.dtype, jnp.floating):
-        return _max_with_indices_by_taps(x, tables, _window(nd, kernel, stride, padding, dilation)[1])
+        return _max_with_indices_by_taps(x, tables, stride)
     values, valid, flat = _windows(x, tables)
     return _max_with_indices(values, valid, flat)
 
