@@ -12,6 +12,8 @@ g++), then registered with XLA as the CPU FFI targets `torchtpu_aten_convolution
 (float32 2d, written into XLA's buffer: decision 43), `..._backward`, `torchtpu_aten_grouped_mm`
 and `torchtpu_aten_attention_backward`. Where it cannot be built, these stay XLA's and one
 warning says why.
+Where the CPU has no bfloat16 instructions (`native_bfloat16`), every kernel runs bfloat16
+operands in float32 and rounds its results back once (decision 99).
 `TORCHTPU_ATEN_KERNELS=0` or the option `aten_kernels="off"` turns it off.
 
     python -m torchtpu.kernels.aten_cpu     # builds it now (`make` does), prints the path
@@ -92,6 +94,34 @@ def _register(path: Path) -> None:
                                 platform="cpu")
 
 
+def native_bfloat16() -> bool:
+    """Whether this CPU has bfloat16 instructions (AVX512-BF16 or AMX), which torch's bfloat16
+    kernels need to be fast: without them its bfloat16 convolutions and matrix products run 4 to
+    90 times slower than its float32 ones (docs/DECISIONS.md 99)."""
+    if "native_bf16" not in _state:
+        import torch
+
+        cpu = getattr(torch, "cpu", None)
+        probes = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+        _state["native_bf16"] = any(probe() for probe in probes if probe is not None)
+    return _state["native_bf16"]
+
+
+def _compute_dtype(dtype):
+    """The dtype the kernels run in for operands of `dtype`: bfloat16 is widened to float32 (exact)
+    where the CPU has no bfloat16 instructions, and the result rounded back once, as torch's own
+    bfloat16 kernels round their float32 accumulators."""
+    import jax.numpy as jnp
+
+    return jnp.float32 if dtype == jnp.bfloat16 and not native_bfloat16() else dtype
+
+
+def _widened(*arrays):
+    """`arrays` (None kept) in the kernels' compute dtype for the first one's dtype."""
+    dtype = _compute_dtype(arrays[0].dtype)
+    return [a if a is None or a.dtype != arrays[0].dtype else a.astype(dtype) for a in arrays]
+
+
 def writes_into(x, w, channels_last: bool) -> bool:
     """Whether `convolution` has oneDNN write into XLA's buffer (and can add a bias and ReLU)."""
     import jax.numpy as jnp
@@ -110,6 +140,11 @@ def convolution(x, w, stride, padding, dilation, groups: int, out_shape, channel
     import jax.numpy as jnp
     import numpy as np
 
+    if _compute_dtype(x.dtype) != x.dtype:
+        if bias is not None or relu:
+            raise ValueError("aten_cpu.convolution: bias and relu only where writes_into()")
+        wide = convolution(*_widened(x, w), stride, padding, dilation, groups, out_shape, channels_last)
+        return wide.astype(x.dtype)
     result = jax.ShapeDtypeStruct(tuple(out_shape), x.dtype)
     if writes_into(x, w, channels_last):
         # written into XLA's zero-filled buffer in place: no result to allocate and copy
@@ -131,6 +166,9 @@ def convolution_backward(grad, x, w, stride, padding, dilation, groups: int, mas
     import jax
     import numpy as np
 
+    if _compute_dtype(x.dtype) != x.dtype:
+        wide = convolution_backward(*_widened(grad, x, w), stride, padding, dilation, groups, mask, channels_last)
+        return tuple(None if g is None else g.astype(x.dtype) for g in wide)
     call = jax.ffi.ffi_call(BACKWARD_TARGET, (jax.ShapeDtypeStruct(x.shape, x.dtype),
                                               jax.ShapeDtypeStruct(w.shape, w.dtype)),
                             **_layouts(channels_last, [grad, x, w], [x.shape, w.shape]))
@@ -144,8 +182,9 @@ def grouped_mm(a, b, offs, out_shape):
     import jax
     import jax.numpy as jnp
 
-    call = jax.ffi.ffi_call(GROUPED_MM_TARGET, jax.ShapeDtypeStruct(tuple(out_shape), a.dtype))
-    return call(a, b, offs.astype(jnp.int32))
+    wide_a, wide_b = _widened(a, b)
+    call = jax.ffi.ffi_call(GROUPED_MM_TARGET, jax.ShapeDtypeStruct(tuple(out_shape), wide_a.dtype))
+    return call(wide_a, wide_b, offs.astype(jnp.int32)).astype(a.dtype)
 
 
 def attention_backward_supports(grad_out, q, k, v, out, mask) -> bool:
@@ -169,12 +208,15 @@ def attention_backward(grad_out, q, k, v, out, logsumexp, mask=None, is_causal=F
     import jax.numpy as jnp
     import numpy as np
 
+    dtype = q.dtype
+    grad_out, q, k, v, out, mask = _widened(grad_out, q, k, v, out, mask)
     shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (q, k, v))
     call = jax.ffi.ffi_call(ATTENTION_BACKWARD_TARGET, shapes)
-    return call(grad_out, q, k, v, out, logsumexp.astype(jnp.float32),
+    grads = call(grad_out, q, k, v, out, logsumexp.astype(jnp.float32),
                 mask if mask is not None else jnp.zeros((), q.dtype),
                 is_causal=np.int64(bool(is_causal)), has_mask=np.int64(mask is not None),
                 has_scale=np.int64(scale is not None), scale=np.float64(scale or 0.0))
+    return tuple(g.astype(dtype) for g in grads)
 
 
 def _cl(ndim: int) -> tuple:
