@@ -188,9 +188,10 @@ def grouped_mm(a, b, offs, out_shape):
 
 
 def attention_backward_supports(grad_out, q, k, v, out, mask) -> bool:
-    """Whether `attention_backward` takes these: one float dtype ATen's kernel has, as many kv
-    heads as q heads, and no mask or an additive mask of that dtype."""
-    return (one_dtype(grad_out, q, k, v, out) and k.shape[-3] == q.shape[-3] and q.ndim == 4
+    """Whether `attention_backward` takes these once the caller repeats each kv head for its
+    group of q heads: 4-d, one float dtype ATen's kernel has, kv heads dividing q heads, and no
+    mask or an additive mask of that dtype."""
+    return (q.ndim == 4 and one_dtype(grad_out, q, k, v, out) and q.shape[-3] % k.shape[-3] == 0
             and (mask is None or mask.dtype == q.dtype))
 
 
@@ -203,7 +204,8 @@ def one_dtype(*arrays) -> bool:
 
 
 def attention_backward(grad_out, q, k, v, out, logsumexp, mask=None, is_causal=False, scale=None):
-    """torch's CPU flash-attention backward (d/dq, d/dk, d/dv) where `attention_backward_supports`."""
+    """torch's CPU flash-attention backward (d/dq, d/dk, d/dv) where `attention_backward_supports`,
+    with k and v already repeated to q's heads."""
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -125,18 +125,8 @@ def _sdpa_flash_cpu_backward(ctx, grad_out, q, k, v, out, logsumexp, dropout_p, 
     if choice != kernels.XLA:
         with kernels.running(choice):
             return flash.flash_bwd(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)
-    operands = _for_aten_backward(ctx, grad_out, q, k, v, out, attn_mask)
-    if operands is not None:
-        dq, dk, dv = aten_cpu.attention_backward(grad_out, q, *operands, out, logsumexp, attn_mask, is_causal, scale)
+    if use_aten(ctx) and aten_cpu.attention_backward_supports(grad_out, q, k, v, out, attn_mask):
+        dq, dk, dv = aten_cpu.attention_backward(grad_out, q, _heads_like(q, k), _heads_like(q, v), out, logsumexp,
+                                                 attn_mask, is_causal, scale)
         return dq, _group_sum(dk, k), _group_sum(dv, v)
     return attention_backward(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)
-
-
-def _for_aten_backward(ctx, grad_out, q, k, v, out, mask):
-    """(k, v) as ATen's CPU attention backward takes them (kv heads repeated for grouped-query
-    attention), or None where it is not used."""
-    if not (use_aten(ctx) and q.ndim == 4 and aten_cpu.one_dtype(grad_out, q, k, v, out)
-            and q.shape[-3] % k.shape[-3] == 0):
-        return None
-    k, v = _heads_like(q, k), _heads_like(q, v)
-    return (k, v) if aten_cpu.attention_backward_supports(grad_out, q, k, v, out, mask) else None
