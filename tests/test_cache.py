@@ -194,12 +194,19 @@ def test_cli_ls_stats_explain_verify_clear(cache_dir):
     assert json.loads(_cli("ls", "--json", env=env).stdout) == []
 
 
-def test_cli_help_on_every_command():
-    for args in ([], ["cache"], ["cache", "ls"], ["cache", "stats"], ["cache", "verify"], ["cache", "clear"],
+def test_cli_help_on_every_command(capsys):
+    """The command itself once in a fresh process (its imports), then each subcommand's help
+    in this one (a fresh process per command cost ~5 s each, all of it importing torch)."""
+    from torchtpu import cli
+
+    out = subprocess.run([sys.executable, "-m", "torchtpu.cli", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "usage:" in out.stdout
+    for args in (["cache"], ["cache", "ls"], ["cache", "stats"], ["cache", "verify"], ["cache", "clear"],
                  ["cache", "explain"], ["cache", "prewarm"]):
-        out = subprocess.run([sys.executable, "-m", "torchtpu.cli", *args, "--help"], capture_output=True,
-                             text=True, timeout=120)
-        assert out.returncode == 0 and "usage:" in out.stdout
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([*args, "--help"])
+        assert exit_.value.code == 0 and "usage: torchtpu " + " ".join(args) in capsys.readouterr().out
 
 
 def test_a_cache_dir_others_can_write_is_not_used(tmp_path):

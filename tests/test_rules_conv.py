@@ -240,6 +240,25 @@ def test_aten_kernels_off_and_grouped_split_and_backward(tmp_path):
     assert "torchtpu_aten_convolution_backward" in backward
 
 
+@NEEDS_CXX
+def test_an_aten_kernel_that_throws_names_itself_in_xlas_error():
+    """What ATen raises inside the program comes back as XLA's error, naming the kernel and
+    carrying ATen's own message, instead of a crash."""
+    import jax
+    import numpy as np
+
+    from torchtpu.kernels import aten_cpu
+
+    assert aten_cpu.available()
+    call = jax.ffi.ffi_call(aten_cpu.TARGET, jax.ShapeDtypeStruct((1, 4, 6, 6), np.float32))
+    x, w = np.ones((1, 3, 8, 8), np.float32), np.ones((4, 5, 3, 3), np.float32)  # 3 channels in, weights for 5
+    ints = lambda *v: np.array(v, np.int64)  # noqa: E731
+    with pytest.raises(Exception, match="torchtpu_aten_convolution: .*channels") as raised:
+        jax.block_until_ready(call(x, w, stride=ints(1, 1), padding=ints(0, 0), dilation=ints(1, 1),
+                                   groups=np.int64(1), channels_last=np.int64(0)))
+    assert "Traceback" not in str(raised.value)
+
+
 def test_exported_artifacts_never_call_aten():
     conv = torch.nn.Conv2d(3, 4, 3)
     exported = torchtpu.export(conv, torch.randn(1, 3, 8, 8), platforms=("cpu",))

@@ -6,6 +6,7 @@
 // without copying; the result is copied into XLA's output buffer, or (float32 2d) computed there.
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,20 @@ at::Tensor Wrap(void* data, ffi::Span<const int64_t> dims, at::ScalarType type, 
 
 std::vector<int64_t> Vec(ffi::Span<const int64_t> s) { return {s.begin(), s.end()}; }
 
+// Runs one ATen kernel on this XLA thread; what it throws becomes the FFI error, prefixed by `name`.
+ffi::Error Guarded(const char* name, const std::function<void()>& body) {
+  try {
+    // this XLA thread takes torch's thread count once, as each of torch's own threads does
+    // (at::init_num_threads on every call would also clear oneDNN's primitive cache each time)
+    at::internal::lazy_init_num_threads();
+    c10::InferenceMode guard;
+    body();
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string(name) + ": " + e.what());
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
                        ffi::Span<const int64_t> stride, ffi::Span<const int64_t> padding,
                        ffi::Span<const int64_t> dilation, int64_t groups, int64_t channels_last) {
@@ -59,20 +74,13 @@ ffi::Error Convolution(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyB
       out->element_type() != x.element_type()) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_convolution: unsupported dtype");
   }
-  try {
-    // this XLA thread takes torch's thread count once, as each of torch's own threads does
-    // (at::init_num_threads on every call would also clear oneDNN's primitive cache each time)
-    at::internal::lazy_init_num_threads();
-    c10::InferenceMode guard;
+  return Guarded("torchtpu_aten_convolution", [&] {
     at::Tensor result = at::convolution(
         Wrap(x.untyped_data(), x.dimensions(), type, channels_last),
         Wrap(w.untyped_data(), w.dimensions(), type, channels_last), std::nullopt, Vec(stride), Vec(padding),
         Vec(dilation), /*transposed=*/false, std::vector<int64_t>(stride.size(), 0), groups);
     Wrap(out->untyped_data(), out->dimensions(), type, channels_last).copy_(result);
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_convolution: ") + e.what());
-  }
-  return ffi::Error::Success();
+  });
 }
 
 // Convolution written straight into XLA's output buffer, which XLA filled with zeros (the zeros
@@ -91,9 +99,7 @@ ffi::Error ConvolutionInto(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bi
   }
   static const std::optional<c10::OperatorHandle> add_into =
       c10::Dispatcher::singleton().findSchema({"mkldnn::_convolution_pointwise_", "binary"});
-  try {
-    at::internal::lazy_init_num_threads();
-    c10::InferenceMode guard;
+  return Guarded("torchtpu_aten_convolution_into", [&] {
     at::Tensor input = Wrap(x.untyped_data(), x.dimensions(), at::kFloat, true);
     at::Tensor weight = Wrap(w.untyped_data(), w.dimensions(), at::kFloat, true);
     at::Tensor result = Wrap(out->untyped_data(), out->dimensions(), at::kFloat, true);
@@ -110,10 +116,7 @@ ffi::Error ConvolutionInto(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bi
                                    std::vector<int64_t>(stride.size(), 0), groups));
       if (relu) result.relu_();
     }
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_convolution_into: ") + e.what());
-  }
-  return ffi::Error::Success();
+  });
 }
 
 // d(loss)/d(x) and d(loss)/d(w) of Convolution, from d(loss)/d(out); a result whose mask is 0
@@ -128,9 +131,7 @@ ffi::Error ConvolutionBackward(ffi::AnyBuffer grad, ffi::AnyBuffer x, ffi::AnyBu
       grad.element_type() != x.element_type()) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_convolution_backward: unsupported dtype");
   }
-  try {
-    at::internal::lazy_init_num_threads();
-    c10::InferenceMode guard;
+  return Guarded("torchtpu_aten_convolution_backward", [&] {
     auto [gx, gw, gb] = at::convolution_backward(
         Wrap(grad.untyped_data(), grad.dimensions(), type, channels_last),
         Wrap(x.untyped_data(), x.dimensions(), type, channels_last),
@@ -139,10 +140,7 @@ ffi::Error ConvolutionBackward(ffi::AnyBuffer grad, ffi::AnyBuffer x, ffi::AnyBu
         /*transposed=*/false, std::vector<int64_t>(stride.size(), 0), groups, {mask_x != 0, mask_w != 0, false});
     if (mask_x) Wrap(grad_x->untyped_data(), grad_x->dimensions(), type, channels_last).copy_(gx);
     if (mask_w) Wrap(grad_w->untyped_data(), grad_w->dimensions(), type, channels_last).copy_(gw);
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_convolution_backward: ") + e.what());
-  }
-  return ffi::Error::Success();
+  });
 }
 
 // torch._grouped_mm(a, b, offs) (MoE experts): each group's rows, columns or contraction range
@@ -154,9 +152,7 @@ ffi::Error GroupedMm(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Buffer<ffi::S32> o
       out->element_type() != a.element_type()) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_grouped_mm: unsupported dtype");
   }
-  try {
-    at::internal::lazy_init_num_threads();
-    c10::InferenceMode guard;
+  return Guarded("torchtpu_aten_grouped_mm", [&] {
     at::Tensor ta = Wrap(a.untyped_data(), a.dimensions(), type, false);
     at::Tensor tb = Wrap(b.untyped_data(), b.dimensions(), type, false);
     at::Tensor to = Wrap(offs.typed_data(), offs.dimensions(), at::kInt, false);
@@ -168,10 +164,7 @@ ffi::Error GroupedMm(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Buffer<ffi::S32> o
     } else if (ta.dim() == 3 && tb.dim() == 2 && end < result.size(1)) {
       result.narrow(1, end, result.size(1) - end).zero_();  // columns in no group
     }
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_grouped_mm: ") + e.what());
-  }
-  return ffi::Error::Success();
+  });
 }
 
 // (d/dq, d/dk, d/dv) of scaled dot-product attention from the forward's output and logsumexp:
@@ -190,9 +183,7 @@ ffi::Error AttentionBackward(ffi::AnyBuffer grad_out, ffi::AnyBuffer q, ffi::Any
       grad_out.element_type() != q.element_type() || (has_mask && mask.element_type() != q.element_type())) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_attention_backward: unsupported dtype");
   }
-  try {
-    at::internal::lazy_init_num_threads();
-    c10::InferenceMode guard;
+  return Guarded("torchtpu_aten_attention_backward", [&] {
     std::optional<at::Tensor> m;
     if (has_mask) m = Wrap(mask.untyped_data(), mask.dimensions(), type, false);
     auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
@@ -204,10 +195,7 @@ ffi::Error AttentionBackward(ffi::AnyBuffer grad_out, ffi::AnyBuffer q, ffi::Any
     Wrap(grad_q->untyped_data(), grad_q->dimensions(), type, false).copy_(gq);
     Wrap(grad_k->untyped_data(), grad_k->dimensions(), type, false).copy_(gk);
     Wrap(grad_v->untyped_data(), grad_v->dimensions(), type, false).copy_(gv);
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("torchtpu_aten_attention_backward: ") + e.what());
-  }
-  return ffi::Error::Success();
+  });
 }
 
 }  // namespace
