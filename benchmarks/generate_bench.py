@@ -196,9 +196,13 @@ def probe_donation(cache_mb: float = 2.0, runs: int = 50) -> dict:
 
 
 def single_thread_env(env: dict) -> dict:
-    """One torch thread and one XLA thread (XLA_FLAGS is part of the compile-cache key)."""
-    flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    return {**env, "TORCHTPU_BENCH_THREADS": "1", "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {flags}".strip()}
+    """One torch thread and one XLA thread (XLA_FLAGS is part of the compile-cache key).
+
+    XLA:CPU's thread pool has as many threads as cores whatever XLA_FLAGS says (its Eigen flag
+    only keeps single ops from splitting across it); PJRT_NPROC sizes that pool."""
+    flags = "--xla_cpu_multi_thread_eigen=false"
+    return {**env, "TORCHTPU_BENCH_THREADS": "1", "PJRT_NPROC": "1",
+            "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {flags}".strip()}
 
 
 def run_cells(backends, cache_lens, new_tokens: int, threads: int | None) -> list[dict]:

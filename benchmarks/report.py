@@ -230,6 +230,9 @@ def format_table(doc: dict) -> str:
     sources = sorted({c["source"] for c in doc["cells"] if c.get("source")}) or [doc.get("source", "?")]
     threads = doc.get("args", {}).get("threads")
     threads = "one torch and one XLA thread per cell" if threads == "1" else "default thread settings"
+    rounds = int(doc.get("args", {}).get("rounds") or 1)
+    if rounds > 1:
+        threads += f", {rounds} rounds (each cell the median of its rounds, min: the least)"
     isa = ""
     if "isa" in m:  # older documents do not record it
         isa = f"ISA {'+'.join(m['isa']) or 'baseline'}{'' if 'avx512f' in m['isa'] else ' (no AVX512)'}, "

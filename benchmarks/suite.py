@@ -85,10 +85,14 @@ def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quic
     return specs
 
 
-def run_cells(specs: list[dict], cache_root: str, timeout_s: float, threads: int | None = None) -> list[dict]:
+def run_cells(specs: list[dict], cache_root: str, timeout_s: float, threads: int | None = None,
+              rounds: int = 1) -> list[dict]:
     """Runs each spec in a fresh child process; a failure becomes an "error" row, never a stop.
 
     threads=1 gives each child one torch thread and one XLA thread (generate_bench's setting).
+    rounds > 1 runs the whole list that many times, round after round (each cell's processes
+    spread over the run, not back to back), every round with its own empty caches, and gives
+    one row per cell (`combine_rounds`).
     """
     from benchmarks.generate_bench import single_thread_env
 
@@ -96,31 +100,81 @@ def run_cells(specs: list[dict], cache_root: str, timeout_s: float, threads: int
     decode_missing = _decode_missing()
     if any(spec["backend"] == "tpu" for spec in specs):
         _build_kernels()
-    for spec in specs:
-        source = report.source_version()  # per cell: other people may be editing the compiler meanwhile
-        t0 = time.perf_counter()
-        if spec["workload"] == "decode" and decode_missing:
-            row = {**spec, "na": decode_missing}
-        else:
-            child = {k: v for k, v in spec.items() if k not in ("phase", "tag")}
-            env = cache_env(cache_root, spec["tag"], caches_on=True)
-            env = single_thread_env(env) if threads == 1 else env
-            result = None
-            if spec["phase"] == "precompiled":  # saved by an untimed process with the same caches first
-                artifact = os.path.join(cache_root, f"{spec['tag']}.tpu-precompiled")
-                saved = run_fresh(["-m", "benchmarks.cells", json.dumps({**child, "precompile_to": artifact})],
-                                  env, timeout_s)
-                result = saved if "error" in saved else None
-                child["precompiled"] = artifact
-            if result is None:
-                result = run_fresh(["-m", "benchmarks.cells", json.dumps(child)], env, timeout_s)
-            row = {**spec, **result}
-        row["wall_s"] = time.perf_counter() - t0
-        row["measured_at"], row["source"] = time.strftime("%Y-%m-%dT%H:%M:%S%z"), source
-        print(f"  {spec['workload']:8} {spec['model']:9} {spec['backend']:9} {spec['phase']:5} "
-              f"{_brief(row)} ({row['wall_s']:.0f} s)", file=sys.stderr, flush=True)
-        rows.append(row)
-    return rows
+    for round_ in range(rounds):
+        for spec in specs:
+            row = _run_cell(spec, cache_root, timeout_s, threads, round_ if rounds > 1 else None, decode_missing,
+                            single_thread_env)
+            rows.append(row)
+            where = f"round {round_ + 1}/{rounds} " if rounds > 1 else ""
+            print(f"  {where}{spec['workload']:8} {spec['model']:9} {spec['backend']:9} {spec['phase']:5} "
+                  f"{_brief(row)} ({row['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+    return combine_rounds(rows) if rounds > 1 else rows
+
+
+def _run_cell(spec: dict, cache_root: str, timeout_s: float, threads: int | None, round_: int | None,
+              decode_missing: str | None, single_thread_env) -> dict:
+    source = report.source_version()  # per cell: other people may be editing the compiler meanwhile
+    t0 = time.perf_counter()
+    if spec["workload"] == "decode" and decode_missing:
+        row = {**spec, "na": decode_missing}
+    else:
+        child = {k: v for k, v in spec.items() if k not in ("phase", "tag")}
+        tag = spec["tag"] if round_ is None else f"{spec['tag']}-round{round_}"
+        env = cache_env(cache_root, tag, caches_on=True)
+        env = single_thread_env(env) if threads == 1 else env
+        result = None
+        if spec["phase"] == "precompiled":  # saved by an untimed process with the same caches first
+            artifact = os.path.join(cache_root, f"{tag}.tpu-precompiled")
+            saved = run_fresh(["-m", "benchmarks.cells", json.dumps({**child, "precompile_to": artifact})],
+                              env, timeout_s)
+            result = saved if "error" in saved else None
+            child["precompiled"] = artifact
+        if result is None:
+            result = run_fresh(["-m", "benchmarks.cells", json.dumps(child)], env, timeout_s)
+        row = {**spec, **result}
+    row["wall_s"] = time.perf_counter() - t0
+    row["measured_at"], row["source"] = time.strftime("%Y-%m-%dT%H:%M:%S%z"), source
+    return row
+
+
+# How a cell's rounds combine: the least of the minimums, the most of what counts compiles or
+# errors (a warm round that compiled must show), the median of everything else measured.
+LEAST = ("min_ms", "min_us")
+MOST = ("xla_compiles", "dynamo_graphs", "max_abs_err", "wall_s")
+
+
+def combine_rounds(rows: list[dict]) -> list[dict]:
+    """One row per cell (workload, model, backend, phase) from its rounds, in first-seen order.
+
+    A cell with an error or n/a in any round is that round's row. Otherwise numbers combine
+    as LEAST/MOST say, the rest by median; "rounds" counts them and "round_values" keeps each
+    round's value of the fields that were combined by median (the table's spread)."""
+    import statistics
+
+    by_cell: dict[tuple, list[dict]] = {}
+    for row in rows:
+        by_cell.setdefault((row["workload"], row["model"], row["backend"], row["phase"]), []).append(row)
+    combined = []
+    for runs in by_cell.values():
+        bad = next((r for r in runs if "error" in r or "na" in r), None)
+        if bad is not None:
+            combined.append({**bad, "rounds": len(runs)})
+            continue
+        row, spread = dict(runs[0]), {}
+        for field, first in runs[0].items():
+            values = [r.get(field) for r in runs]
+            if isinstance(first, bool) or not all(isinstance(v, (int, float)) for v in values):
+                continue
+            if field in LEAST:
+                row[field] = min(values)
+            elif field in MOST:
+                row[field] = max(values)
+            elif field not in ("reps", "warmup", "batch", "size", "samples"):
+                row[field] = statistics.median(values)
+                spread[field] = values
+        row["rounds"], row["round_values"] = len(runs), spread
+        combined.append(row)
+    return combined
 
 
 def _build_kernels() -> None:
@@ -183,6 +237,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, choices=[1], default=None,
                    help="1: one torch and one XLA thread per cell, for a machine whose cores are shared "
                         "(a parallel region then waits for a descheduled thread)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every cell this many times, round after round, each round with empty caches; "
+                        "a cell reports the median of its rounds (the minimum of minimums): steadier ratios "
+                        "on a machine whose speed drifts")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per cell before it counts as an error")
     args = p.parse_args(argv)
     if args.reps is None:
@@ -222,7 +280,7 @@ def main(argv=None) -> dict:
     specs = plan(models, backends, workloads, args.reps, args.warmup, shapes, args.quick, phases)
     load_before = report.load_average()
     with tempfile.TemporaryDirectory(prefix="torchtpu-suite-") as cache_root:
-        rows = run_cells(specs, cache_root, args.timeout, args.threads)
+        rows = run_cells(specs, cache_root, args.timeout, args.threads, args.rounds)
     if args.update and args.out.exists():
         earlier = json.loads(args.out.read_text())
         rows = report.merge_cells(earlier["cells"], rows)

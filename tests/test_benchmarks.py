@@ -137,6 +137,57 @@ def test_merge_replaces_cells_measured_again_and_keeps_the_rest():
         ("a", "eager", 1.0), ("a", "tpu", 5.0), ("b", "tpu", 3.0), ("c", "tpu", 7.0)]
 
 
+def test_rounds_combine_into_one_row_per_cell():
+    def cell(backend, phase, median, least, compiles, **extra):
+        return {"workload": "infer", "model": "m", "backend": backend, "phase": phase, "median_ms": median,
+                "min_ms": least, "xla_compiles": compiles, "reps": 30, **extra}
+
+    rows = [cell("tpu", "cold", 9.0, 8.0, 1), cell("tpu", "warm", 5.0, 4.0, 0), cell("eager", "cold", 6.0, 5.5, 0),
+            cell("tpu", "cold", 7.0, 6.5, 1), cell("tpu", "warm", 6.0, 3.0, 1), cell("eager", "cold", 2.0, 1.0, 0),
+            cell("tpu", "cold", 8.0, 7.0, 1), cell("tpu", "warm", 4.0, 3.5, 0),
+            cell("eager", "cold", 1.0, 1.0, 0, error="killed")]
+    tpu_cold, tpu_warm, eager = suite.combine_rounds(rows)
+    assert (tpu_cold["median_ms"], tpu_cold["min_ms"], tpu_cold["rounds"]) == (8.0, 6.5, 3)
+    assert tpu_cold["round_values"]["median_ms"] == [9.0, 7.0, 8.0] and tpu_cold["reps"] == 30
+    # a warm round that compiled shows as compiled (the table then reports no warm number)
+    assert (tpu_warm["median_ms"], tpu_warm["min_ms"], tpu_warm["xla_compiles"]) == (5.0, 3.0, 1)
+    assert eager["error"] == "killed" and eager["rounds"] == 3  # an error in any round is the cell's
+
+
+def test_a_run_in_rounds_gives_one_cell_per_cell_with_each_rounds_value(tmp_path):
+    out = tmp_path / "suite.json"
+    doc = suite.main(["--workloads", "overhead", "--backends", "eager", "--reps", "5", "--warmup", "1", "--quick",
+                      "--rounds", "2", "--out", str(out)])
+    (cell,) = doc["cells"]
+    assert "error" not in cell, cell
+    assert cell["rounds"] == 2 and len(cell["round_values"]["median_us"]) == 2
+    assert cell["median_us"] == pytest.approx(sum(cell["round_values"]["median_us"]) / 2)
+    assert "2 rounds" in report.format_table(doc)
+
+
+def test_one_thread_cells_give_xla_one_thread():
+    """--threads 1: torch one thread and XLA:CPU's pool one thread (its Eigen flag alone left
+    the pool as wide as the machine)."""
+    import os
+    import subprocess
+
+    from benchmarks.generate_bench import single_thread_env
+
+    script = ("import os, torch, jax, jax.numpy as jnp\n"
+              "if os.environ.get('TORCHTPU_BENCH_THREADS'): torch.set_num_threads(1)\n"
+              "x = jnp.ones((256, 256)); (x @ x).block_until_ready()\n"
+              "names = [open(f'/proc/self/task/{t}/comm').read() for t in os.listdir('/proc/self/task')]\n"
+              "print(torch.get_num_threads(), sum(n.startswith('tf_XLAEigen') for n in names))\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    counts = {}
+    for name, e in (("default", env), ("one", single_thread_env(env))):
+        out = subprocess.run([sys.executable, "-c", script], env=e, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        counts[name] = tuple(int(v) for v in out.stdout.split()[-2:])
+    assert counts["one"] == (1, 1), counts  # one pool thread (PJRT_NPROC=1)
+    assert counts["default"][1] == len(os.sched_getaffinity(0)), counts  # the pool as wide as the machine
+
+
 def test_a_warm_cell_that_compiled_is_not_reported_as_warm():
     rows = [{"workload": "infer", "model": "m", "backend": "tpu", "phase": phase, "first_call_s": s,
              "xla_compiles": n, "disk_hits": 1 - n} for phase, s, n in (("cold", 9.0, 1), ("warm", 8.0, 1))]
