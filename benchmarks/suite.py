@@ -94,16 +94,14 @@ def run_cells(specs: list[dict], cache_root: str, timeout_s: float, threads: int
     spread over the run, not back to back), every round with its own empty caches, and gives
     one row per cell (`combine_rounds`).
     """
-    from benchmarks.generate_bench import single_thread_env
-
     rows = []
     decode_missing = _decode_missing()
     if any(spec["backend"] == "tpu" for spec in specs):
         _build_kernels()
     for round_ in range(rounds):
         for spec in specs:
-            row = _run_cell(spec, cache_root, timeout_s, threads, round_ if rounds > 1 else None, decode_missing,
-                            single_thread_env)
+            tag = spec["tag"] if rounds == 1 else f"{spec['tag']}-round{round_}"  # the round's own caches
+            row = _run_cell(spec, tag, cache_root, timeout_s, threads, decode_missing)
             rows.append(row)
             where = f"round {round_ + 1}/{rounds} " if rounds > 1 else ""
             print(f"  {where}{spec['workload']:8} {spec['model']:9} {spec['backend']:9} {spec['phase']:5} "
@@ -111,15 +109,17 @@ def run_cells(specs: list[dict], cache_root: str, timeout_s: float, threads: int
     return combine_rounds(rows) if rounds > 1 else rows
 
 
-def _run_cell(spec: dict, cache_root: str, timeout_s: float, threads: int | None, round_: int | None,
-              decode_missing: str | None, single_thread_env) -> dict:
+def _run_cell(spec: dict, tag: str, cache_root: str, timeout_s: float, threads: int | None,
+              decode_missing: str | None) -> dict:
+    """One cell in a fresh child process (two for "precompiled"), its caches named by `tag`."""
+    from benchmarks.generate_bench import single_thread_env
+
     source = report.source_version()  # per cell: other people may be editing the compiler meanwhile
     t0 = time.perf_counter()
     if spec["workload"] == "decode" and decode_missing:
         row = {**spec, "na": decode_missing}
     else:
         child = {k: v for k, v in spec.items() if k not in ("phase", "tag")}
-        tag = spec["tag"] if round_ is None else f"{spec['tag']}-round{round_}"
         env = cache_env(cache_root, tag, caches_on=True)
         env = single_thread_env(env) if threads == 1 else env
         result = None

@@ -178,7 +178,7 @@ def test_one_thread_cells_give_xla_one_thread():
               "x = jnp.ones((256, 256)); (x @ x).block_until_ready()\n"
               "names = [open(f'/proc/self/task/{t}/comm').read() for t in os.listdir('/proc/self/task')]\n"
               "print(torch.get_num_threads(), sum(n.startswith('tf_XLAEigen') for n in names))\n")
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "NPROC")}, "JAX_PLATFORMS": "cpu"}
     counts = {}
     for name, e in (("default", env), ("one", single_thread_env(env))):
         out = subprocess.run([sys.executable, "-c", script], env=e, capture_output=True, text=True, timeout=300)
