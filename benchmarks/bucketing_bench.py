@@ -115,6 +115,7 @@ def zoo_table(names, calls: int) -> None:
     tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
     sys.path.insert(0, tests)
     os.environ["TORCHTPU_COVERAGE_SHAPES"] = str(calls)
+    os.environ["TORCHTPU_COVERAGE_LENGTH"] = "512"
     os.environ["TORCHTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="tt-bucket-bench-")  # count compiles, not hits
     import model_coverage as cov
     import model_zoo

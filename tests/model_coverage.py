@@ -12,7 +12,8 @@ Modes:
   of random (batch, length) shapes, then on as many new ones; it passes when every graph
   after the first (static) one bucketed, both rounds together took at most
   SHAPES_MAX_COMPILES XLA compiles, and every output is within 1e-4 of eager. Otherwise it
-  records why its graphs were compiled per exact size (the bucketing pass's refusal).
+  records why its graphs were compiled per exact size (the bucketing pass's refusal); its
+  calls stop once past SHAPES_MAX_COMPILES, where the verdict can no longer change.
 Every mode also counts host ops (ops the device cannot run, run eagerly between device
 programs): a model that needs none must have none.
 
@@ -51,8 +52,12 @@ def full() -> bool:
 MODES = ("float32", "bfloat16", "train", "shapes")
 # The "shapes" rounds: (batch, length) drawn in [1, SHAPES_BATCH] x [1, SHAPES_LENGTH] (capped
 # at the model's positions); TORCHTPU_COVERAGE_SHAPES sets the calls per round (8; 24 in `make coverage`).
+# TORCHTPU_COVERAGE_LENGTH sets SHAPES_LENGTH: 128 in `make test` (two or three buckets; what it
+# guards, that every graph after the first buckets, shows at these lengths as at 512, with half
+# the compiles), 512 in `make coverage` and the bucketing benchmark.
 SHAPES_CALLS = int(os.environ.get("TORCHTPU_COVERAGE_SHAPES") or (24 if full() else 8))
-SHAPES_BATCH, SHAPES_LENGTH, SHAPES_MAX_COMPILES = 8, 512, 8
+SHAPES_LENGTH = int(os.environ.get("TORCHTPU_COVERAGE_LENGTH") or (512 if full() else 128))
+SHAPES_BATCH, SHAPES_MAX_COMPILES = 8, 8
 BATCH = 2
 F32_TOL, GRAD_TOL, GRAD_FLOOR = 1e-4, 1e-3, 1e-4
 BF16_FLOOR, BF16_FACTOR = 2e-2, 1.5
@@ -217,11 +222,13 @@ def _shapes(entry: Entry) -> Result:
     torchtpu.reset_stats()
     events.clear()
     compiled = torch.compile(model, backend="tpu", fullgraph=True)
-    t0, worst, compiles = time.perf_counter(), 0.0, []
+    t0, worst, compiles, start = time.perf_counter(), 0.0, [], torchtpu.stats()["xla_compiles"]
     with torch.no_grad():
         for _round in range(2):
             before = torchtpu.stats()["xla_compiles"]
             for _ in range(SHAPES_CALLS):
+                if torchtpu.stats()["xla_compiles"] - start > SHAPES_MAX_COMPILES:
+                    break  # compiled past the bound: the verdict is "exact" whatever follows
                 batch, length = rng.randint(1, SHAPES_BATCH), rng.randint(1, limit)
                 kwargs = entry.inputs(torch.Generator().manual_seed(rng.randrange(1 << 30)), batch, length)
                 worst = max(worst, relative_error(primary(compiled(**kwargs)), primary(model(**kwargs))))
