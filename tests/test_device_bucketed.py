@@ -216,7 +216,8 @@ def test_generate_with_the_dynamic_cache_compiles_only_at_new_buckets():
         marks.append((input_ids.shape[1], _programs()))
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
-    kwargs = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, attention_mask=torch.ones_like(ids))
+    # 6 -> 20 tokens: the cache crosses into the 16 and the 32 bucket
+    kwargs = dict(max_new_tokens=14, min_new_tokens=14, do_sample=False, attention_mask=torch.ones_like(ids))
     with torch.no_grad():
         expected = cpu.generate(ids, **kwargs)
         got = dev.generate(ids.to(TPU), stopping_criteria=StoppingCriteriaList([mark]),
