@@ -236,8 +236,10 @@ def format_table(doc: dict) -> str:
     isa = ""
     if "isa" in m:  # older documents do not record it
         isa = f"ISA {'+'.join(m['isa']) or 'baseline'}{'' if 'avx512f' in m['isa'] else ' (no AVX512)'}, "
+    ran_on = sorted({c["device"] for c in doc["cells"] if c.get("device")})
+    ran_on = f"tpu programs on {' and '.join(ran_on)}; " if ran_on else ""
     lines.append(f"\n{doc['date']}  torchtpu {', '.join(sources)}  {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB, "
-                 f"{isa}{threads}; "
+                 f"{isa}{ran_on}{threads}; "
                  f"load average before {load['before']}, after {load['after']}")
     lines += [f"note: {n}" for n in doc["notes"]]
     return "\n".join(lines)
@@ -247,9 +249,13 @@ def _ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
 
 
-def chart(doc: dict, path: Path) -> None:
-    """A PNG: one panel per metric, a group of bars (one per backend) per model, log scale."""
-    import matplotlib
+def chart(doc: dict, path: Path) -> Path | None:
+    """A PNG: one panel per metric, a group of bars (one per backend) per model, log scale.
+    None, drawing nothing, where matplotlib is not installed (the JSON and table are the results)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
 
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
@@ -278,3 +284,4 @@ def chart(doc: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=70)
     plt.close(fig)
+    return path

@@ -261,7 +261,7 @@ def main(argv=None) -> dict:
         doc["table"] = report.sections(doc["cells"], doc["backends"])  # the current table code
         doc["notes"] = report.notes(doc["cells"], doc.get("dropped", {}))
         print(report.format_table(doc))
-        report.chart(doc, Path(args.report).with_suffix(".png"))
+        _chart(doc, Path(args.report).with_suffix(".png"))
         return doc
     models = args.models.split(",")
     workloads = args.workloads.split(",")
@@ -289,10 +289,16 @@ def main(argv=None) -> dict:
     print(report.format_table(doc))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1, default=str))
-    png = args.out.with_suffix(".png")
-    report.chart(doc, png)
-    print(f"wrote {args.out} and {png}")
+    print(f"wrote {args.out}")
+    _chart(doc, args.out.with_suffix(".png"))
     return doc
+
+
+def _chart(doc: dict, png: Path) -> None:
+    if report.chart(doc, png):
+        print(f"wrote {png}")
+    else:
+        print("no chart: matplotlib is not installed (pip install matplotlib); the table and JSON are complete")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ def test_tiny_graph_cells_measure_and_match_eager(tiny_run):
         assert cell["samples"] == 20
     for phase in ("cold", "warm"):
         assert cells[("tpu", phase)]["max_abs_err"] <= 1e-6  # compiled x * 2 + 1 vs eager
+        assert cells[("tpu", phase)]["device"] == "cpu"  # where its programs ran: no TPU here
+    assert "device" not in cells[("eager", "cold")]
+    assert "tpu programs on cpu; " in report.format_table(doc)
     # the cold process compiled and stored; the warm one, same cache folder, loaded it
     assert (cells[("tpu", "cold")]["xla_compiles"], cells[("tpu", "cold")]["disk_hits"]) == (1, 0)
     assert (cells[("tpu", "warm")]["xla_compiles"], cells[("tpu", "warm")]["disk_hits"]) == (0, 1)
@@ -84,6 +87,23 @@ def test_png_is_written_and_readable(tiny_run):
     assert png.stat().st_size < 200_000
     height, width, _ = plt.imread(png).shape
     assert height > 100 and width > 100
+
+
+def test_without_matplotlib_the_suite_says_so_and_keeps_its_table(tiny_run, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets where it is absent
+    doc = suite.main(["--report", str(tiny_run)])
+    out = capsys.readouterr().out
+    assert "no chart: matplotlib is not installed" in out and "tiny graph call (us)" in out
+    assert doc["table"]
+
+
+def test_the_footer_names_the_device_the_tpu_programs_ran_on():
+    doc = json.loads((Path(__file__).parent.parent / "benchmarks/results/suite.json").read_text())
+    for cell in doc["cells"]:
+        cell.pop("device", None)
+    assert "tpu programs on" not in report.format_table(doc)  # a document from before the field
+    next(c for c in doc["cells"] if c["backend"] == "tpu")["device"] = "TPU v5 lite"
+    assert "tpu programs on TPU v5 lite; " in report.format_table(doc)
 
 
 def test_geomean_over_models():
