@@ -263,8 +263,10 @@ def measure(spec: dict) -> dict:
     torch.manual_seed(0)
     result = WORKLOADS[spec["workload"]](spec)
     result.update(_cache_counts(spec["backend"]))
-    if spec["backend"] == "tpu" and "torchtpu.runtime.platform" in sys.modules:
-        result["device"] = sys.modules["torchtpu.runtime.platform"].device().device_kind  # where its programs ran
+    if spec["backend"] == "tpu":  # where its programs ran (the workload imported torchtpu already)
+        from torchtpu.runtime import platform
+
+        result["device"] = platform.device().device_kind
     if "_loaded" in spec:  # whether the artifact was used (else the cell compiled: not a precompiled start)
         result["precompiled_loaded"] = spec.pop("_loaded")
     return {**spec, **result, "peak_rss_mb": peak_rss_kb() / 1024}
