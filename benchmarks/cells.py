@@ -253,7 +253,8 @@ def measure(spec: dict) -> dict:
         spec: {"workload", "backend", "reps", "warmup", and for model workloads "model",
             optionally "batch", "size", "quick"}.
     Returns:
-        spec plus the measured values and peak_rss_mb (this process's peak resident set).
+        spec plus the measured values and peak_rss_mb (this process's peak resident set, less the
+        device memory mapped into it, which is device_mapped_mb where there is any).
     """
     import torch
 
@@ -269,7 +270,36 @@ def measure(spec: dict) -> dict:
         result["device"] = platform.device().device_kind
     if "_loaded" in spec:  # whether the artifact was used (else the cell compiled: not a precompiled start)
         result["precompiled_loaded"] = spec.pop("_loaded")
-    return {**spec, **result, "peak_rss_mb": peak_rss_kb() / 1024}
+    mapped = device_mapped_kb()
+    if mapped:  # an accelerator's memory window: counted in the resident set, not host memory
+        result["device_mapped_mb"] = mapped / 1024
+    return {**spec, **result, "peak_rss_mb": (peak_rss_kb() - mapped) / 1024}
+
+
+# Mappings of an accelerator's own memory (a TPU's vfio window; /dev/accel*): the kernel counts
+# their touched pages in the resident set, but they are the device's, not the host's RAM.
+DEVICE_MAPPINGS = ("anon_inode:[vfio-device]", "/dev/vfio/", "/dev/accel")
+
+
+def device_mapped_kb(smaps: str = "/proc/self/smaps") -> int:
+    """Kilobytes of this process's resident set that map device memory (DEVICE_MAPPINGS); 0
+    where there are none (the CPU platform) or smaps cannot be read. A TPU v5e process maps
+    8 GiB of the chip this way once its PJRT client is open (docs/benchmarks.md)."""
+    total, device = 0, False
+    try:
+        with open(smaps) as f:
+            for line in f:
+                fields = line.split()
+                if not fields:
+                    continue
+                if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
+                    path = fields[5] if len(fields) > 5 else ""
+                    device = path.startswith(DEVICE_MAPPINGS)
+                elif device and fields[0] == "Rss:":
+                    total += int(fields[1])
+    except OSError:
+        return 0
+    return total
 
 
 def peak_rss_kb() -> int:

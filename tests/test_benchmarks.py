@@ -300,3 +300,25 @@ def test_the_footer_names_the_cpu_features_that_move_bfloat16():
     assert "ISA avx2+avx512f+avx512_bf16, " in report.format_table(doc).splitlines()[-1]
     del doc["machine"]["isa"]  # a document from before the field
     assert "ISA" not in report.format_table(doc).splitlines()[-1]
+
+
+def test_device_memory_mapped_into_the_process_is_not_counted_as_host_memory(tmp_path):
+    """A TPU process's resident set includes the chip's memory window (8 GiB on a v5e): the
+    cells subtract it, so a peak RSS is host memory on every platform."""
+    from benchmarks import cells
+
+    smaps = tmp_path / "smaps"
+    smaps.write_text(
+        "55d0a000-55d0b000 r-xp 00000000 08:01 123 /usr/bin/python3.11\n"
+        "Size:                  4 kB\nRss:                   4 kB\n"
+        "7f0000000000-7f0200000000 rw-s 00000000 00:0e 99 anon_inode:[vfio-device]\n"
+        "Size:            8388608 kB\nRss:             8388608 kB\nVmFlags: rd wr sh mr mw me ms\n"
+        "7f3000000000-7f3000100000 rw-p 00000000 00:00 0 \n"
+        "Size:               1024 kB\nRss:                512 kB\n"
+        "7f4000000000-7f4000001000 rw-s 00000000 00:05 7 /dev/accel0\n"
+        "Size:                  4 kB\nRss:                   4 kB\n"
+        "7f5000000000-7f5000001000 rw-s 00000000 00:05 8 /dev/shm/torch_123\n"
+        "Size:                  4 kB\nRss:                   4 kB\n")
+    assert cells.device_mapped_kb(str(smaps)) == 8388608 + 4
+    assert cells.device_mapped_kb(str(tmp_path / "missing")) == 0
+    assert cells.device_mapped_kb() == 0  # this process, on the CPU platform: nothing mapped
