@@ -52,3 +52,47 @@ def test_each_xla_compile_is_bracketed_by_a_release(monkeypatch):
     assert len(calls) == 2
     fn(x)                                    # no compile, no release
     assert len(calls) == 2
+
+
+_FAULTS = textwrap.dedent("""
+    import ctypes, os, resource, threading
+    from torchtpu.runtime import heap
+
+    if os.environ["TORCHTPU_CPU_HEAP"] == "1":
+        heap.keep_program_buffers()          # what opening the CPU device does (platform.device)
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, faults = 40 << 20, []
+
+    def calls():                             # as an XLA:CPU thread runs a program: temporaries
+        for i in range(6):                   # allocated as one block, written, freed
+            before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            block = libc.malloc(size)
+            ctypes.memset(block, 1, size)
+            libc.free(block)
+            faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+
+    worker = threading.Thread(target=calls)
+    worker.start()
+    worker.join()
+    print(max(faults[1:]))
+""")
+
+
+def _faults_per_call(env: dict) -> int:
+    import os
+
+    run = subprocess.run([sys.executable, "-c", _FAULTS], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env})
+    return int(run.stdout.split()[-1])
+
+
+def test_a_programs_large_temporaries_stay_mapped_between_calls():
+    """XLA:CPU allocates a program's temporaries per call on its own threads; above glibc's mmap
+    threshold (32 MB at most) each call faulted all of them in again (10,240 pages for 40 MB).
+    With the heap settings the block stays after the first call; TORCHTPU_CPU_HEAP=0 keeps
+    glibc's defaults, and the faults. (The benchmark UNet's 43.5 MB: docs/DECISIONS.md 102.)"""
+    assert _faults_per_call({"TORCHTPU_CPU_HEAP": "1"}) < 100
+    assert _faults_per_call({"TORCHTPU_CPU_HEAP": "0"}) > 9000
