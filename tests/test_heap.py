@@ -1,6 +1,8 @@
-"""The C heap's free pages go back to the OS around each XLA compile (runtime/heap.py)."""
+"""The C heap around XLA:CPU (runtime/heap.py): free pages go back to the OS around each compile,
+and a program's temporaries stay mapped between calls."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -55,11 +57,17 @@ def test_each_xla_compile_is_bracketed_by_a_release(monkeypatch):
 
 
 _FAULTS = textwrap.dedent("""
-    import ctypes, os, resource, threading
+    import ctypes, resource, sys, threading
+    import torch
+    import torchtpu
     from torchtpu.runtime import heap
 
-    if os.environ["TORCHTPU_CPU_HEAP"] == "1":
-        heap.keep_program_buffers()          # what opening the CPU device does (platform.device)
+    n = int(sys.argv[1])                     # XLA keeps 3 n x n float32 temporaries (52.5 MB at 2048)
+    def f(x):
+        return (x.cumsum(0) * x.cumsum(1)).sum()
+    fn = torch.compile(f, backend="tpu", fullgraph=True)
+    x = torch.randn(n, n)
+    torch.testing.assert_close(fn(x), f(x), rtol=1e-4, atol=1e-1)
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
@@ -77,22 +85,25 @@ _FAULTS = textwrap.dedent("""
     worker = threading.Thread(target=calls)
     worker.start()
     worker.join()
-    print(max(faults[1:]))
+    print(heap.applied(), max(faults[1:]))
 """)
 
 
-def _faults_per_call(env: dict) -> int:
-    import os
-
-    run = subprocess.run([sys.executable, "-c", _FAULTS], capture_output=True, text=True, check=True,
-                         env={**os.environ, **env})
-    return int(run.stdout.split()[-1])
+def _run(n: int, heap_setting: str) -> tuple[bool, int]:
+    run = subprocess.run([sys.executable, "-c", _FAULTS, str(n)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TORCHTPU_CPU_HEAP": heap_setting})
+    applied, faults = run.stdout.split()[-2:]
+    return applied == "True", int(faults)
 
 
 def test_a_programs_large_temporaries_stay_mapped_between_calls():
     """XLA:CPU allocates a program's temporaries per call on its own threads; above glibc's mmap
     threshold (32 MB at most) each call faulted all of them in again (10,240 pages for 40 MB).
-    With the heap settings the block stays after the first call; TORCHTPU_CPU_HEAP=0 keeps
-    glibc's defaults, and the faults. (The benchmark UNet's 43.5 MB: docs/DECISIONS.md 102.)"""
-    assert _faults_per_call({"TORCHTPU_CPU_HEAP": "1"}) < 100
-    assert _faults_per_call({"TORCHTPU_CPU_HEAP": "0"}) > 9000
+    Once a program whose temporaries pass 32 MB is loaded, such a block stays after its first
+    call; a process of small programs, or TORCHTPU_CPU_HEAP=0, keeps glibc's defaults and the
+    faults. (The benchmark UNet's 43.5 MB: docs/DECISIONS.md 102.)"""
+    assert _run(2048, "1") == (True, 0)      # 52.5 MB of temporaries
+    applied, faults = _run(256, "1")         # 0.8 MB
+    assert not applied and faults > 9000
+    applied, faults = _run(2048, "0")
+    assert not applied and faults > 9000

@@ -20,7 +20,7 @@ from jax.extend import backend as jax_backend
 from torchtpu.compiler import checks
 from torchtpu.compiler.spec import spec_of
 from torchtpu.layout import ProgramLayout
-from torchtpu.runtime import residency, transfer
+from torchtpu.runtime import heap, residency, transfer
 
 
 # The parameters of the last few launches on the CPU, where they are views of torch tensors'
@@ -118,6 +118,14 @@ class NotRunnableHere(RuntimeError):
     """The executable was compiled for a device this process does not have (deviceless AOT)."""
 
 
+def _temp_bytes(xla_executable) -> int:
+    """The program's temporaries, from XLA's compiled memory stats (0 where PJRT has none)."""
+    try:
+        return xla_executable.get_compiled_memory_stats().temp_size_in_bytes
+    except Exception:  # noqa: BLE001 — a plugin without the stats: nothing to tune
+        return 0
+
+
 class Executable:
     """A PJRT executable for one signature plus how to feed it and rebuild its outputs.
 
@@ -133,6 +141,8 @@ class Executable:
         self.device = device
         self._execute = getattr(xla_executable, "execute_sharded", None)
         self._cpu = getattr(device, "platform", None) == "cpu"  # None: deviceless, never run
+        if self._cpu and xla_executable is not None:  # temporaries glibc would map afresh each call
+            heap.keep_buffers_for(_temp_bytes(xla_executable))
         self._result_handlers: list | None = None  # made from the first call's results
         # The common case of an output list: every output one program result, in order, with
         # the program's own strides (then the outputs need no per-slot rebuilding).

@@ -7,11 +7,12 @@ pages stay resident while the compile grows its own, and the process's peak hold
 (docs/DECISIONS.md 95). A trim costs about 0.1 ms; elsewhere than glibc it does nothing.
 
 Each call of an XLA:CPU program allocates its temporaries as one block and frees it at the end.
-glibc serves a block above its mmap threshold (32 MB at most) with a fresh mapping, and a
-thread arena's block with a fresh heap it deletes on free: either way every call faults the
-whole block in again, a page at a time (the benchmark UNet: 43.5 MB, 10,600 faults and ~30 ms
-of a 90 ms call). `keep_program_buffers` has glibc serve such blocks from its heaps and keep
-them (DECISIONS 102); `TORCHTPU_CPU_HEAP=0` leaves glibc's defaults.
+glibc serves a block above its mmap threshold (which it raises as blocks are freed, to 32 MB at
+most) with a fresh mapping, and a thread arena's large block with a fresh heap it deletes on
+free: either way every call faults the whole block in again, a page at a time (the benchmark
+UNet: 43.5 MB, 10,600 faults and ~25 ms of a 76 ms call). `keep_buffers_for` has glibc serve
+such blocks from its heaps and keep them, once a program whose temporaries exceed 32 MB is
+loaded (DECISIONS 102); `TORCHTPU_CPU_HEAP=0` leaves glibc's defaults.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import os
 
 # mallopt parameters (glibc's malloc.h)
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
+MMAP_THRESHOLD_MAX = 32 << 20  # glibc's dynamic mmap threshold never rises past this (64-bit)
 KEEP_FREE_BYTES = 256 << 20  # free memory a heap's top keeps before it is given back
 TOP_PAD_BYTES = 64 << 20  # address space a heap reserves beyond a request (untouched: not resident)
 
@@ -50,12 +52,25 @@ def release_free_pages() -> bool:
     return True
 
 
+def keep_buffers_for(temp_bytes: int) -> bool:
+    """Called with each CPU program's temporary bytes (XLA's compiled memory stats) as it is
+    compiled or loaded: a block glibc would map afresh every call turns on keep_program_buffers.
+    Returns whether the settings are in effect."""
+    if temp_bytes > MMAP_THRESHOLD_MAX:
+        return keep_program_buffers()
+    return applied()
+
+
+def applied() -> bool:
+    return keep_program_buffers.cache_info().currsize > 0 and keep_program_buffers()
+
+
 @functools.cache
 def keep_program_buffers() -> bool:
-    """Once per process, before programs run on the CPU: large blocks come from the heaps and
-    stay there between calls (see the module docstring). Freed memory beyond KEEP_FREE_BYTES at a
-    heap's top still goes back to the OS, and so does every free page at each compile
-    (release_free_pages). Returns whether glibc took the settings."""
+    """Once per process: large blocks come from the heaps and stay there between calls (see the
+    module docstring). Freed memory beyond KEEP_FREE_BYTES at a heap's top still goes back to
+    the OS, and so does every free page at each compile (release_free_pages). Returns whether
+    glibc took the settings."""
     if os.environ.get("TORCHTPU_CPU_HEAP", "1").strip().lower() in ("0", "off", "false", "no"):
         return False
     mallopt = _libc_function("mallopt")

@@ -11,7 +11,6 @@ import os
 import jax
 
 from torchtpu.compiler.errors import UnsupportedPlatformError
-from torchtpu.runtime import heap
 
 PLATFORMS = ("tpu", "gpu", "cpu")
 _ACCELERATOR_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
@@ -69,6 +68,4 @@ def device(platform: str | None = None) -> jax.Device:
     platform = platform or default_platform()
     if not available(platform):
         raise UnsupportedPlatformError(f"no {platform} device in this process")
-    if platform == "cpu":
-        heap.keep_program_buffers()  # programs' temporaries stay mapped between calls (once)
     return jax.devices(platform)[0]
