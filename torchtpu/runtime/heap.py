@@ -19,7 +19,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
+
+from torchtpu import cxx
 
 
 # mallopt parameters (glibc's malloc.h)
@@ -39,13 +40,9 @@ def _libc_function(name: str):
         return None
 
 
-def _malloc_trim():
-    return _libc_function("malloc_trim")
-
-
 def release_free_pages() -> bool:
     """Returns the heap's free pages to the OS; False where the C library has no malloc_trim."""
-    trim = _malloc_trim()
+    trim = _libc_function("malloc_trim")
     if trim is None:
         return False
     trim(0)
@@ -71,7 +68,7 @@ def keep_program_buffers() -> bool:
     module docstring). Freed memory beyond KEEP_FREE_BYTES at a heap's top still goes back to
     the OS, and so does every free page at each compile (release_free_pages). Returns whether
     glibc took the settings."""
-    if os.environ.get("TORCHTPU_CPU_HEAP", "1").strip().lower() in ("0", "off", "false", "no"):
+    if not cxx.switched_on("TORCHTPU_CPU_HEAP"):
         return False
     mallopt = _libc_function("mallopt")
     if mallopt is None:
