@@ -5,7 +5,7 @@
 
 MODEL is a suite model (benchmarks/suite.py MODELS, "-bf16" for bfloat16). One eager forward
 with hooks records the inputs of every submodule `--depth` levels below the model (keyword
-arguments included); each of those submodules is then compiled alone for each backend and
+arguments included, a KV cache argument replaced by None); each of those submodules is then compiled alone for each backend and
 timed (median of --reps calls under no_grad, after warm-up). Prints one row per submodule, the
 largest tpu - inductor gaps first, and the sum of each column: a submodule that is slower on
 tpu than on Inductor is where the model's gap comes from. Submodules whose compile fails show
@@ -19,6 +19,13 @@ import sys
 import time
 
 
+def _is_kv_cache(value) -> bool:
+    """A transformers KV cache: state a block appends to on every call. Timed with it, a block
+    would see a longer cache each call (and recompile at each length), so it gets None instead
+    and computes its full sequence as the model's forward does."""
+    return hasattr(value, "get_seq_length") and hasattr(value, "update")
+
+
 def capture(model, inputs, depth: int) -> list[tuple[str, object, tuple, dict]]:
     """(name, submodule, args, kwargs) of each submodule `depth` levels down, as one forward
     called it (the first call of each; later calls of a shared module are not kept)."""
@@ -30,7 +37,7 @@ def capture(model, inputs, depth: int) -> list[tuple[str, object, tuple, dict]]:
     for name, module in targets:
         def hook(mod, args, kwargs, name=name):
             if name not in seen:
-                seen[name] = (name, mod, args, kwargs)
+                seen[name] = (name, mod, args, {k: None if _is_kv_cache(v) else v for k, v in kwargs.items()})
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():

@@ -322,3 +322,29 @@ def test_device_memory_mapped_into_the_process_is_not_counted_as_host_memory(tmp
     assert cells.device_mapped_kb(str(smaps)) == 8388608 + 4
     assert cells.device_mapped_kb(str(tmp_path / "missing")) == 0
     assert cells.device_mapped_kb() == 0  # this process, on the CPU platform: nothing mapped
+
+
+def test_module_profile_captures_blocks_without_the_kv_cache_they_would_grow():
+    """A block timed with the model's KV cache would append to it every call; the profile
+    hands it None instead, and keeps every other argument as the forward passed it."""
+    import torch
+    from transformers import DynamicCache
+
+    from benchmarks import module_profile
+
+    class Block(torch.nn.Module):
+        def forward(self, x, cache=None, scale=1.0):
+            return x * scale
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return self.block(x, cache=DynamicCache(), scale=2.0)
+
+    x = torch.ones(2)
+    [(name, module, args, kwargs)] = module_profile.capture(Model(), (x,), depth=1)
+    assert name == "block" and args[0] is x
+    assert kwargs == {"cache": None, "scale": 2.0}
