@@ -27,6 +27,8 @@ METRICS = (
     ("runtime floor RSS (MB)", "floor", "cold", "peak_rss_mb"),
     ("peak RSS beyond the floor, infer (MB)", "infer", "cold", "rss_beyond_floor_mb"),
     ("peak RSS beyond the floor, train (MB)", "train", "cold", "rss_beyond_floor_mb"),
+    ("peak RSS beyond the floor, tpu precompiled, infer (MB)", "infer", "precompiled", "rss_beyond_floor_mb"),
+    ("peak RSS beyond the floor, tpu precompiled, train (MB)", "train", "precompiled", "rss_beyond_floor_mb"),
     ("tiny graph call (us)", "overhead", "cold", "median_us"),
     ("decode step (ms)", "decode", "cold", "median_ms"),
     ("first generate (s)", "decode", "cold", "first_call_s"),

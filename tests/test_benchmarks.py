@@ -253,6 +253,22 @@ def test_a_precompiled_cell_that_compiled_is_a_miss():
     assert sec["rows"][0]["values"] == {"tpu": 3.0}
 
 
+def test_a_precompiled_start_has_its_own_memory_row_beside_the_others_best_start():
+    """A process that loads an artifact traces and compiles nothing: its
+    memory is reported apart from the cold cell's, and eager's row shows its only start."""
+    rows = [{"workload": "floor", "model": "runtime", "backend": b, "phase": "cold", "peak_rss_mb": f}
+            for b, f in (("eager", 200.0), ("tpu", 400.0))]
+    rows += [{"workload": "infer", "model": "m", "backend": "eager", "phase": "cold", "peak_rss_mb": 300.0},
+             {"workload": "infer", "model": "m", "backend": "tpu", "phase": "cold", "peak_rss_mb": 700.0},
+             {"workload": "infer", "model": "m", "backend": "tpu", "phase": "precompiled", "peak_rss_mb": 520.0,
+              "first_call_s": 1.0, "xla_compiles": 0, "dynamo_graphs": 0, "precompiled_loaded": True}]
+    secs = {s["metric"]: s for s in report.sections(rows, ["eager", "tpu"])}
+    assert secs["peak RSS beyond the floor, infer (MB)"]["rows"][0]["values"] == {"eager": 100.0, "tpu": 300.0}
+    pre = secs["peak RSS beyond the floor, tpu precompiled, infer (MB)"]
+    assert pre["rows"][0]["values"] == {"eager": 100.0, "tpu": 120.0}
+    assert pre["geomeans"]["tpu/eager"] == pytest.approx(1.2)
+
+
 @pytest.mark.parametrize("name", suite.MODELS)
 def test_every_suite_model_runs_a_forward_and_a_training_loss(name):
     import torch
