@@ -5,8 +5,9 @@
 
 MODEL is a suite model (benchmarks/suite.py MODELS, "-bf16" for bfloat16). One eager forward
 with hooks records the inputs of every submodule `--depth` levels below the model (keyword
-arguments included, a KV cache argument replaced by None); each of those submodules is then compiled alone for each backend and
-timed (median of --reps calls under no_grad, after warm-up). Prints one row per submodule, the
+arguments included, a KV cache argument replaced by None); each of those submodules is then
+compiled alone for each backend and timed (median of --reps calls under no_grad, after
+warm-up). Prints one row per submodule, the
 largest tpu - inductor gaps first, and the sum of each column: a submodule that is slower on
 tpu than on Inductor is where the model's gap comes from. Submodules whose compile fails show
 the error's first line. Steady state only; in this process, so run it on a quiet machine.
