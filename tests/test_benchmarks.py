@@ -370,3 +370,41 @@ def test_module_profile_captures_blocks_without_the_kv_cache_they_would_grow():
     [(name, module, args, kwargs)] = module_profile.capture(Model(), (x,), depth=1)
     assert name == "block" and args[0] is x
     assert kwargs == {"cache": None, "scale": 2.0}
+
+
+def test_memory_phases_split_a_cold_process_into_what_every_process_pays_and_what_the_model_adds():
+    """benchmarks.memory_phases: fresh processes (eager, tpu) record their resident set and
+    high-water mark after each phase; the tpu one compiled the model itself (a cold start)."""
+    from benchmarks import memory_phases
+
+    rows = memory_phases.run(["mlp"], "train")
+    by = {r["backend"]: r for r in rows}
+    assert "error" not in by["tpu"] and "error" not in by["eager"], rows
+    assert [p["phase"] for p in by["tpu"]["phases"]] == memory_phases.TPU_PHASES
+    assert [p["phase"] for p in by["eager"]["phases"]] == memory_phases.EAGER_PHASES
+    assert by["tpu"]["model_xla_compiles"] >= 2  # the step's forward and backward, not cache hits
+    for row in rows:
+        hwm = [p["hwm"] for p in row["phases"]]
+        assert hwm == sorted(hwm) and all(p["rss"] <= p["hwm"] + 1 for p in row["phases"])
+    s = memory_phases.summary(by["tpu"])
+    at = {p["phase"]: p for p in by["tpu"]["phases"]}
+    assert s["peak beyond floor"] == at["steady"]["hwm"] - at["runtime"]["rss"] > s["fixed"] > 0
+    table = memory_phases.format_table(rows + [{"model": "cnn", "backend": "tpu", "error": "boom"}])
+    assert "mlp eager" in table and "mlp tpu" in table and "error: cnn tpu: boom" in table
+    (line,) = [ln for ln in table.splitlines() if ln.startswith("mlp ")]
+    assert f"{s['peak beyond floor']:.0f}" in line
+
+
+def test_the_tpu_floor_cell_holds_the_runtime_and_not_torchs_compiler():
+    """The floor is torch, torchtpu, JAX and the PJRT client: reading the compile counters (which
+    imports Dynamo, ~85 MB here) is for model cells, or the floor hides that much of a cold start."""
+    import subprocess
+
+    script = ("import json, sys; from benchmarks import cells; "
+              "row = cells.measure({'workload': 'floor', 'backend': 'tpu', 'reps': 1, 'warmup': 0}); "
+              "print(json.dumps([row, 'torch._dynamo' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).parent.parent)
+    row, dynamo_imported = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["peak_rss_mb"] > 0 and row["device"] == "cpu" and "xla_compiles" not in row
+    assert dynamo_imported is False
