@@ -307,15 +307,22 @@ def peak_rss_kb() -> int:
     """This process's peak resident set in kilobytes: VmHWM, the high-water mark of its own
     memory map. Not getrusage's ru_maxrss: Linux carries that across exec, so a child of a large
     parent (a pytest worker) reports the parent's peak when its own is smaller."""
+    hwm = status_kb("VmHWM").get("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+
+
+def status_kb(*fields: str) -> dict[str, int]:
+    """The named kilobyte fields of /proc/self/status (VmRSS, VmHWM, ...); {} where it cannot be read."""
+    found = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
+                key, _, value = line.partition(":")
+                if key in fields:
+                    found[key] = int(value.split()[0])
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
-
+    return found
 
 if __name__ == "__main__":
     print(json.dumps(measure(json.loads(sys.argv[1]))))

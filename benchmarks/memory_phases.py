@@ -30,22 +30,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.cells import status_kb
+
 TPU_PHASES = ["torch", "runtime", "XLA compiler", "torch.compile", "model", "first call", "steady"]
 EAGER_PHASES = ["torch", "model", "first call", "steady"]
-FIXED = ("runtime", "XLA compiler", "torch.compile")  # per-process costs that no model changes
 STEADY_CALLS = 10
 
 
 def memory_mb() -> dict:
     """{"rss": VmRSS, "hwm": VmHWM} of this process in MB."""
-    fields = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(value.split()[0]) / 1024
-    return {"rss": fields["VmRSS"], "hwm": fields["VmHWM"]}
-
+    kb = status_kb("VmRSS", "VmHWM")
+    return {"rss": kb["VmRSS"] / 1024, "hwm": kb["VmHWM"] / 1024}
 
 def child(model_name: str, backend: str, workload: str = "infer") -> dict:
     """Runs the phases in this process: {"phases": [{"phase", "rss", "hwm"}, ...], ...}."""
