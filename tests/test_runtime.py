@@ -60,8 +60,9 @@ def test_cpu_parameters_are_reused_zero_copy_and_go_with_the_model():
         assert {id(a) for a in residency._entries_arrays()} == arrays  # reused, not imported again
         mean = model[1].running_mean  # a buffer: no autograd alias of its own
         array = next(a for a in residency._entries_arrays() if a.unsafe_buffer_pointer() == mean.data_ptr())
-        mean.add_(1)  # an in-place update is seen (the version moves)
+        mean.add_(1)  # an in-place update is seen: the array is a view of the buffer's memory ...
         torch.testing.assert_close(compiled(x), model(x))
+        assert {id(a) for a in residency._entries_arrays()} == arrays  # ... kept, not imported again
     alive = weakref.ref(mean)
     del model, compiled, mean, array
     gc.collect()
@@ -235,3 +236,29 @@ def test_cpu_launch_parameters_outlive_the_interpreter(tmp_path):
     extra_refs, views = out.stdout.split()
     assert views == "True"  # what is held are the views of the caller's tensor
     assert extra_refs == "1"  # torchtpu's exit handler ran first and kept them
+
+
+def test_cpu_training_steps_keep_the_parameters_views_and_match_eager():
+    """On the CPU an optimizer step updates the memory the resident views alias: the views stay,
+    and every step still computes with the updated parameters."""
+    residency.clear()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    reference.load_state_dict(model.state_dict())
+    compiled = compile_tpu(model)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference)]
+    x, y = torch.randn(16, 8), torch.randn(16, 1)
+    arrays = None
+    for _ in range(5):
+        for m, opt in zip((compiled, reference), opts):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+        held = {id(a) for a in residency._entries_arrays()}
+        assert arrays is None or held == arrays  # the first step's views, every step
+        arrays = held
+    assert residency.size() == 4
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    residency.clear()

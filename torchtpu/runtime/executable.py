@@ -223,7 +223,8 @@ class Executable:
         PRNG key when the program draws random numbers."""
         device, inputs = self.device, self.layout.tensor_inputs
         if resident and not transfer.holds_arrays(like):  # a tpu parameter's array is its own
-            arrays = [residency.resident(args[i], device, self._put) if i in resident
+            aliases = transfer.aliases if transfer.zero_copy(device) else None
+            arrays = [residency.resident(args[i], device, self._put, aliases) if i in resident
                       else transfer.to_device(args[i], device) for i in inputs]
         else:
             arrays = [transfer.to_device(args[i], device) for i in inputs]

@@ -3,7 +3,9 @@
 A resident copy is keyed by the tensor's identity and its placement (a device or a sharding),
 and is valid while the tensor object is alive and its version counter (`tensor._version`,
 bumped by every in-place op: optimizer steps, `load_state_dict`, `.copy_()`) and storage are
-those seen when the copy was made. Anything else is a miss and a fresh `put`.
+those seen when the copy was made. Anything else is a miss and a fresh `put`. A copy that is a
+view of the tensor's own memory (the CPU's zero-copy arrays) follows in-place updates by itself
+and ignores the version: a training step does not import every parameter again.
 
 Mutations through `.data` (`p.data.copy_(...)`) do not bump the parameter's version counter;
 PyTorch's autograd does not see them either. On the CPU that does not matter (the device copy
@@ -21,25 +23,33 @@ import torch
 _entries: dict[tuple[int, Hashable], tuple] = {}
 
 
-def resident(t: torch.Tensor, placement: Hashable, put: Callable[[torch.Tensor], object]):
+def resident(t: torch.Tensor, placement: Hashable, put: Callable[[torch.Tensor], object],
+             aliases: Callable[[object, torch.Tensor], bool] | None = None):
     """The device copy of `t` at `placement`, made by `put(t)` on a miss.
 
     Args:
         t: a parameter or buffer (any tensor that outlives calls).
         placement: hashable: the jax device, or a sharding.
         put: makes the device copy.
+        aliases: `aliases(array, t)`: whether the array `put` made is a view of `t`'s own memory
+            (the CPU). Such a view sees in-place updates by itself, so an optimizer step (a new
+            version, same memory) keeps it; a new storage, shape, strides or dtype still do not.
 
     Returns:
         The device array, shared by all calls that see `t` unchanged.
     """
     key = (id(t), placement)
-    state = (t._version, t.data_ptr(), t.shape, t.stride(), t.dtype)
     entry = _entries.get(key)
-    if entry is not None and entry[0]() is t and entry[1] == state:
+    if entry is not None and entry[0]() is t and entry[1] == _state(t, entry[3]):
         return entry[2]
     array = put(t)
-    _entries[key] = (weakref.ref(t, lambda _ref, key=key: _forget(key, _ref)), state, array)
+    versioned = aliases is None or not aliases(array, t)
+    _entries[key] = (weakref.ref(t, lambda _ref, key=key: _forget(key, _ref)), _state(t, versioned), array, versioned)
     return array
+
+
+def _state(t: torch.Tensor, versioned: bool) -> tuple:
+    return (t._version if versioned else None, t.data_ptr(), t.shape, t.stride(), t.dtype)
 
 
 def _forget(key, ref) -> None:

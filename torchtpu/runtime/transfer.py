@@ -83,6 +83,11 @@ def to_device(t: torch.Tensor, device: jax.Device):
     return copy_to(t, device)
 
 
+def aliases(array, t: torch.Tensor) -> bool:
+    """Whether the CPU array `to_device` made is a view of `t`'s own memory (no dense copy)."""
+    return array.unsafe_buffer_pointer() == t.data_ptr()
+
+
 def copy_to(t: torch.Tensor, device: jax.Device):
     """A copy of `t` on `device` (another platform's, or another device type's tensor). Under
     x64, as programs are lowered: without it JAX narrows int64 to int32, and a TPU program
