@@ -104,7 +104,12 @@ def test_parameters_follow_optimizer_steps_and_load_state_dict(resident_on_cpu):
         torch.testing.assert_close(compiled(x), model(x))
 
 
-def test_training_step_with_resident_parameters_matches_eager(resident_on_cpu):
+@pytest.mark.parametrize("copied", [True, False], ids=["copied", "views"])
+def test_training_step_with_resident_parameters_matches_eager(monkeypatch, copied):
+    """Copied as on an accelerator, or (the CPU) views of the parameters' own memory: those stay
+    through every optimizer step, since the step updates the memory they alias."""
+    monkeypatch.setattr(Executable, "COPY_ON_CPU", copied)
+    residency.clear()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -112,14 +117,19 @@ def test_training_step_with_resident_parameters_matches_eager(resident_on_cpu):
     compiled = compile_tpu(model)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference)]
     x, y = torch.randn(16, 8), torch.randn(16, 1)
+    arrays = None
     for _ in range(5):
         for m, opt in zip((compiled, reference), opts):
             opt.zero_grad()
             torch.nn.functional.mse_loss(m(x), y).backward()
             opt.step()
+        held = {id(a) for a in residency._entries_arrays()}
+        assert copied or arrays is None or held == arrays  # views: the first step's, every step
+        arrays = held
     assert residency.size() == 4  # the forward graph's parameters were resident
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    residency.clear()
 
 
 def _call_paths():
@@ -236,29 +246,3 @@ def test_cpu_launch_parameters_outlive_the_interpreter(tmp_path):
     extra_refs, views = out.stdout.split()
     assert views == "True"  # what is held are the views of the caller's tensor
     assert extra_refs == "1"  # torchtpu's exit handler ran first and kept them
-
-
-def test_cpu_training_steps_keep_the_parameters_views_and_match_eager():
-    """On the CPU an optimizer step updates the memory the resident views alias: the views stay,
-    and every step still computes with the updated parameters."""
-    residency.clear()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    reference.load_state_dict(model.state_dict())
-    compiled = compile_tpu(model)
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference)]
-    x, y = torch.randn(16, 8), torch.randn(16, 1)
-    arrays = None
-    for _ in range(5):
-        for m, opt in zip((compiled, reference), opts):
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(m(x), y).backward()
-            opt.step()
-        held = {id(a) for a in residency._entries_arrays()}
-        assert arrays is None or held == arrays  # the first step's views, every step
-        arrays = held
-    assert residency.size() == 4
-    for p, q in zip(model.parameters(), reference.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    residency.clear()
