@@ -72,15 +72,17 @@ def test_cpu_parameters_are_reused_zero_copy_and_go_with_the_model():
 
 
 @pytest.fixture
-def resident_on_cpu(monkeypatch):
-    """Parameters as they are on an accelerator: copied to the device once, then reused."""
-    monkeypatch.setattr(Executable, "COPY_ON_CPU", True)
+def resident_parameters(monkeypatch, request):
+    """Parameters as they are on an accelerator: copied to the device once, then reused; or, where
+    a test parametrizes it (indirect) with False, the CPU's zero-copy views. Yields whether copied."""
+    copied = getattr(request, "param", True)
+    monkeypatch.setattr(Executable, "COPY_ON_CPU", copied)
     residency.clear()
-    yield
+    yield copied
     residency.clear()
 
 
-def test_parameters_follow_optimizer_steps_and_load_state_dict(resident_on_cpu):
+def test_parameters_follow_optimizer_steps_and_load_state_dict(resident_parameters):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     compiled = compile_tpu(model)
@@ -104,12 +106,11 @@ def test_parameters_follow_optimizer_steps_and_load_state_dict(resident_on_cpu):
         torch.testing.assert_close(compiled(x), model(x))
 
 
-@pytest.mark.parametrize("copied", [True, False], ids=["copied", "views"])
-def test_training_step_with_resident_parameters_matches_eager(monkeypatch, copied):
+@pytest.mark.parametrize("resident_parameters", [True, False], ids=["copied", "views"], indirect=True)
+def test_training_step_with_resident_parameters_matches_eager(resident_parameters):
     """Copied as on an accelerator, or (the CPU) views of the parameters' own memory: those stay
     through every optimizer step, since the step updates the memory they alias."""
-    monkeypatch.setattr(Executable, "COPY_ON_CPU", copied)
-    residency.clear()
+    copied = resident_parameters
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -129,7 +130,6 @@ def test_training_step_with_resident_parameters_matches_eager(monkeypatch, copie
     assert residency.size() == 4  # the forward graph's parameters were resident
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    residency.clear()
 
 
 def _call_paths():
