@@ -230,7 +230,7 @@ x = torch.randn(4, 8)
 torch.compile(lambda t: (t * 2).sum(0), backend="tpu", fullgraph=True)(x)
 held = executable._recent_inputs
 seen["refs"] = sys.getrefcount(held)
-seen["views"] = any(a.unsafe_buffer_pointer() == x.data_ptr() for run in held for a in run)
+seen["views"] = any(a.unsafe_buffer_pointer() == x.data_ptr() for run, _ in held for a in run)
 """
 
 
@@ -246,3 +246,37 @@ def test_cpu_launch_parameters_outlive_the_interpreter(tmp_path):
     extra_refs, views = out.stdout.split()
     assert views == "True"  # what is held are the views of the caller's tensor
     assert extra_refs == "1"  # torchtpu's exit handler ran first and kept them
+
+
+class _Run:
+    """A stand-in for a run's result: ready when its run has finished."""
+
+    def __init__(self, ready: bool):
+        self.ready = ready
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+
+def test_cpu_runs_stay_held_while_in_flight():
+    """A CPU run's parameters are let go once one of its results is ready and four later runs have
+    launched, never while it still runs, however many runs launch after it (the eager device
+    launches one per op without waiting)."""
+    from torchtpu.runtime import executable
+
+    kept = list(executable._recent_inputs)
+    executable._recent_inputs.clear()
+    try:
+        slow = _Run(False)
+        executable._hold_inputs(["slow"], slow)
+        for i in range(10):
+            executable._hold_inputs([i], _Run(True))
+        assert [run for run, _ in executable._recent_inputs] == [("slow",), *((i,) for i in range(10))]
+        slow.ready = True
+        executable._hold_inputs(["next"], None)  # a run without results is held by count alone
+        assert [run for run, _ in executable._recent_inputs] == [(7,), (8,), (9,), ("next",)]
+        executable._hold_inputs(["last"], _Run(False))
+        assert [run for run, _ in executable._recent_inputs] == [(8,), (9,), ("next",), ("last",)]
+    finally:
+        executable._recent_inputs.clear()
+        executable._recent_inputs.extend(kept)

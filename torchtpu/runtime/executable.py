@@ -23,15 +23,31 @@ from torchtpu.layout import ProgramLayout
 from torchtpu.runtime import heap, residency, transfer
 
 
-# The parameters of the last few launches on the CPU, where they are views of torch tensors'
-# memory (DLPack): PJRT's worker thread drops its own reference at the end of a run, after the
-# results are ready, and when that reference is the last, torch's deleter takes the GIL. Once
-# the interpreter is finalizing that ends the worker thread inside a noexcept frame and the
-# process aborts ("terminate called without an active exception", 2 runs in 102 of a cached
-# CNN here). Held here, a parameter's last reference is Python's; at exit they are kept for
-# good, so no run still finishing can be the one to free them (docs/DECISIONS.md 90).
+# The parameters of recent launches on the CPU, where they are views of torch tensors' memory
+# (DLPack): PJRT's worker thread drops its own reference at the end of a run, after the results
+# are ready, and when that reference is the last, torch's deleter takes the GIL. Once the
+# interpreter is finalizing that ends the worker thread inside a noexcept frame and the process
+# aborts ("terminate called without an active exception", 2 runs in 102 of a cached CNN here).
+# Held here, a parameter's last reference is Python's; at exit they are kept for good, so no run
+# still finishing can be the one to free them (docs/DECISIONS.md 90). A run is held until one of
+# its results is ready and four later runs have launched: a count alone let the eager device,
+# which launches a run per op without waiting, release a run that was still in flight.
 _IN_FLIGHT_RUNS = 4
-_recent_inputs: collections.deque = collections.deque(maxlen=_IN_FLIGHT_RUNS)
+_recent_inputs: collections.deque = collections.deque()  # (parameters, one result or None) per run
+
+
+def _hold_inputs(arrays: list, probe) -> None:
+    """Holds one CPU run's parameters; lets go of the oldest runs known finished beyond the last
+    four. `probe` is one of the run's results (None when it has none: held by count alone)."""
+    _recent_inputs.append((tuple(arrays), probe))  # a copy: callers may clear their list
+    while len(_recent_inputs) > _IN_FLIGHT_RUNS:
+        oldest = _recent_inputs[0][1]
+        try:
+            if oldest is not None and not oldest.is_ready():
+                return  # still running: it and every later run stay held
+        except RuntimeError:  # deleted: donated to a later run, which is held behind it
+            pass
+        _recent_inputs.popleft()
 
 
 @atexit.register  # registered after jax's own handlers, so it runs before them
@@ -144,6 +160,7 @@ class Executable:
         if self._cpu and xla_executable is not None:  # temporaries glibc would map afresh each call
             heap.keep_buffers_for(_temp_bytes(xla_executable))
         self._result_handlers: list | None = None  # made from the first call's results
+        self._probe: int | None = None  # the smallest result: held with a CPU run's parameters
         # The common case of an output list: every output one program result, in order, with
         # the program's own strides (then the outputs need no per-slot rebuilding).
         self._plain_outputs = all(s.kind == "tensor" and s.stride is None and s.index == i
@@ -239,13 +256,15 @@ class Executable:
         per result (its aval and sharding, which an executable's results never change); later
         calls hand PJRT those handlers, which skips building a sharding object per result."""
         results = self._execute(arrays)
-        if self._cpu:
-            _recent_inputs.append(tuple(arrays))  # a copy: callers may clear their list
         if self._result_handlers is not None:
-            return results.consume_with_handlers(self._result_handlers)
-        out = [r[0] for r in results.disassemble_into_single_device_arrays()]
-        self._result_handlers = [_jax.array_result_handler(a.aval, a.sharding, committed=a.committed,
-                                                           _skip_checks=True) for a in out]
+            out = results.consume_with_handlers(self._result_handlers)
+        else:
+            out = [r[0] for r in results.disassemble_into_single_device_arrays()]
+            self._result_handlers = [_jax.array_result_handler(a.aval, a.sharding, committed=a.committed,
+                                                               _skip_checks=True) for a in out]
+            self._probe = min(range(len(out)), key=lambda i: out[i].size, default=None)
+        if self._cpu:
+            _hold_inputs(arrays, None if self._probe is None else out[self._probe])
         return out
 
     def outputs(self, results: list, like: torch.device | None, dense_from: int | None = None) -> list:
