@@ -2,6 +2,10 @@
 and where the tpu call's time goes.
 
     python -m benchmarks.call_overhead [--threads both|default|1] [--rounds 9] [--calls 3000]
+                                       [--numel 16]
+
+`--numel 4096` times the suite's "small" graph instead: above PJRT's cheap-computation bound,
+so the CPU client hands the program to a worker thread, and `execute` holds that handoff.
 
 Each thread setting runs in a fresh process with empty compile caches (XLA reads XLA_FLAGS when
 its client starts); `--threads 1` is one torch thread and one XLA thread
@@ -38,7 +42,7 @@ import sys
 import tempfile
 import time
 
-TINY_NUMEL = 16
+TINY_NUMEL = 16  # the default of --numel
 TPU_STEPS = ["frame", "frame extra", "call path", "inputs", "execute", "results", "outputs", "run glue"]
 INDUCTOR_STEPS = ["frame", "frame extra", "callable"]
 
@@ -55,7 +59,7 @@ def _timed(fn, calls: int) -> tuple[float, float]:
     return (time.perf_counter_ns() - w0) / calls / 1e3, (time.process_time_ns() - c0) / calls / 1e3
 
 
-def measure(rounds: int, calls: int) -> dict:
+def measure(rounds: int, calls: int, numel: int = TINY_NUMEL) -> dict:
     """Interleaved rounds in this process: {column: {"wall": [µs per round], "cpu": [...]}}."""
     import torch
     from torch._inductor.compile_fx import compile_fx
@@ -65,7 +69,7 @@ def measure(rounds: int, calls: int) -> dict:
 
     if os.environ.get("TORCHTPU_BENCH_THREADS"):
         torch.set_num_threads(int(os.environ["TORCHTPU_BENCH_THREADS"]))
-    x = torch.randn(TINY_NUMEL)
+    x = torch.randn(numel)
     kept = tiny(x)
     handed = {}
 
@@ -176,10 +180,11 @@ def main(argv=None) -> None:
     p.add_argument("--threads", choices=["both", "default", "1"], default="both")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--numel", type=int, default=TINY_NUMEL, help="floats in the graph's input")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.rounds, args.calls)))
+        print(json.dumps(measure(args.rounds, args.calls, args.numel)))
         return
     from benchmarks.generate_bench import single_thread_env
     from benchmarks.run import cache_env, run_fresh
@@ -191,7 +196,7 @@ def main(argv=None) -> None:
             env = cache_env(root, f"threads-{setting}")
             env = single_thread_env(env) if setting == "1" else env
             rows[setting] = run_fresh(["-m", "benchmarks.call_overhead", "--child", "--rounds", str(args.rounds),
-                                       "--calls", str(args.calls)], env)
+                                       "--calls", str(args.calls), "--numel", str(args.numel)], env)
     print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}, {os.cpu_count()} CPUs")
     print(table(rows))
 

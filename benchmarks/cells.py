@@ -10,7 +10,9 @@ Workloads:
     infer     forward under torch.no_grad()
     train     forward + loss, backward, AdamW step (the model and loss compiled, the
               optimizer step eager and identical for every backend)
-    overhead  the tiny graph `x * 2 + 1` on 16 floats: per-call cost of the compiled path
+    overhead  the graph `x * 2 + 1` on 16 floats ("tiny": the per-call cost of the compiled path)
+              or on 4096 ("small": also what a program pays once PJRT hands it to a worker thread
+              instead of running it on the caller, docs/DECISIONS.md 109)
     decode    one decode step of greedy generate with a static KV cache (benchmarks/generate_bench.py)
     floor     nothing built: the resident set of the backend's runtime alone (torch imported; for
               tpu also torchtpu, JAX and the PJRT client; for inductor its compiler imported),
@@ -30,7 +32,7 @@ import sys
 import time
 import warnings
 
-TINY_NUMEL = 16
+OVERHEAD_NUMEL = {"tiny": 16, "small": 4096}
 OVERHEAD_REPS = 2000  # a tiny call is microseconds long: many samples for a stable median
 
 
@@ -145,13 +147,15 @@ def train(spec: dict) -> dict:
 def overhead(spec: dict) -> dict:
     import torch
 
-    x = torch.randn(TINY_NUMEL)
+    numel = OVERHEAD_NUMEL[spec["model"]]
+    x = torch.randn(numel)
 
     def tiny(t):
         return t * 2 + 1
 
     reps = spec["reps"] if spec.get("quick") else max(spec["reps"], OVERHEAD_REPS)
-    return _timed_and_checked(tiny, (x,), {**spec, "reps": reps, "warmup": spec["warmup"] * 10}, "us")
+    result = _timed_and_checked(tiny, (x,), {**spec, "reps": reps, "warmup": spec["warmup"] * 10}, "us")
+    return {**result, "numel": numel}
 
 
 def decode(spec: dict) -> dict:

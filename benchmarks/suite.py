@@ -7,7 +7,7 @@ latency (median of >= 30 calls after warm-up), a training step (forward + backwa
 the first call in a fresh process with empty caches (cold), again with the caches a
 previous process left (warm) and, for tpu, from a precompiled artifact (torchtpu.precompile:
 no tracing), and the peak RSS of each process; plus the per-call overhead on
-a tiny graph and the decode step of generate. Prints a table with tpu/eager and tpu/inductor
+a tiny graph (16 floats) and a small one (4096), and the decode step of generate. Prints a table with tpu/eager and tpu/inductor
 ratios and their geometric means, and writes JSON and a PNG chart. See docs/benchmarks.md.
 """
 from __future__ import annotations
@@ -68,9 +68,11 @@ def plan(models, backends, workloads, reps: int, warmup: int, shapes: dict, quic
     """
     specs = []
     for workload in workloads:
-        # the tiny graph and generate_bench's own decoder are one row each, whatever --models says
-        names = models if workload in ("infer", "train") else [
-            {"overhead": "tiny", "decode": "generate", "floor": "runtime"}[workload]]
+        # the call-overhead graphs and generate_bench's own decoder are rows of their own, whatever
+        # --models says; a quick run times the tiny graph alone
+        names = models if workload in ("infer", "train") else {
+            "overhead": ["tiny"] if quick else ["tiny", "small"], "decode": ["generate"],
+            "floor": ["runtime"]}[workload]
         for model in names:
             for backend in backends:
                 spec = {"workload": workload, "model": model, "backend": backend, "reps": reps,

@@ -47,8 +47,9 @@ def test_tiny_graph_cells_measure_and_match_eager(tiny_run):
 
 def test_table_ratios_come_from_the_cells(tiny_run):
     doc = json.loads(tiny_run.read_text())
-    (section,) = [s for s in doc["table"] if s["metric"] == "tiny graph call (us)"]
-    (row,) = section["rows"]
+    (section,) = [s for s in doc["table"] if s["metric"] == "graph call (us)"]
+    (row,) = section["rows"]  # a quick run times the tiny graph alone
+    assert row["model"] == "tiny"
     tpu = next(c for c in doc["cells"] if c["backend"] == "tpu" and c["phase"] == "cold" and c["workload"] == "overhead")
     eager = next(c for c in doc["cells"] if c["backend"] == "eager" and c["workload"] == "overhead")
     assert row["values"] == {"eager": eager["median_us"], "tpu": tpu["median_us"]}
@@ -93,7 +94,7 @@ def test_without_matplotlib_the_suite_says_so_and_keeps_its_table(tiny_run, monk
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets where it is absent
     doc = suite.main(["--report", str(tiny_run)])
     out = capsys.readouterr().out
-    assert "no chart: matplotlib is not installed" in out and "tiny graph call (us)" in out
+    assert "no chart: matplotlib is not installed" in out and "graph call (us)" in out
     assert doc["table"]
 
 
@@ -408,3 +409,18 @@ def test_the_tpu_floor_cell_holds_the_runtime_and_not_torchs_compiler():
     row, dynamo_imported = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["peak_rss_mb"] > 0 and row["device"] == "cpu" and "xla_compiles" not in row
     assert dynamo_imported is False
+
+
+def test_the_overhead_workload_times_a_tiny_and_a_small_graph():
+    """Two rows: 16 floats (the fixed cost of a call) and 4096 (above PJRT's cheap-computation
+    bound, where the CPU client hands the program to a worker thread); a quick run the first."""
+    from benchmarks import cells
+
+    full = suite.plan(["hf_llama"], ["eager", "tpu"], ["overhead"], 5, 1, {}, quick=False, phases=("cold",))
+    quick = suite.plan(["hf_llama"], ["eager", "tpu"], ["overhead"], 5, 1, {}, quick=True, phases=("cold",))
+    assert [(s["model"], s["backend"]) for s in full] == [
+        ("tiny", "eager"), ("tiny", "tpu"), ("small", "eager"), ("small", "tpu")]
+    assert {s["model"] for s in quick} == {"tiny"}
+    result = cells.overhead({"workload": "overhead", "model": "small", "backend": "eager", "reps": 5,
+                             "warmup": 1, "quick": True})
+    assert result["numel"] == 4096 and result["median_us"] > 0 and result["samples"] == 5
