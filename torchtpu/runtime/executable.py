@@ -263,8 +263,9 @@ class Executable:
             self._result_handlers = [_jax.array_result_handler(a.aval, a.sharding, committed=a.committed,
                                                                _skip_checks=True) for a in out]
             self._probe = min(range(len(out)), key=lambda i: out[i].size, default=None)
-        if self._cpu:
-            _hold_inputs(arrays, None if self._probe is None else out[self._probe])
+        if self._cpu:  # a run already finished (a cheap program runs inline) is held by count alone
+            probe = None if self._probe is None else out[self._probe]
+            _hold_inputs(arrays, None if probe is None or probe.is_ready() else probe)
         return out
 
     def outputs(self, results: list, like: torch.device | None, dense_from: int | None = None) -> list:
