@@ -280,3 +280,109 @@ def test_cpu_runs_stay_held_while_in_flight():
     finally:
         executable._recent_inputs.clear()
         executable._recent_inputs.extend(kept)
+
+
+def _runner_of(fn, *args):
+    """(outputs, the CompiledGraph) of `fn` compiled by the tpu backend and called on `args`."""
+    from torchtpu.backend import tpu_backend
+
+    handed = []
+
+    def keeping(gm, example_inputs):
+        handed.append(tpu_backend(gm, example_inputs))
+        return handed[-1]
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=keeping, fullgraph=True)(*args)
+    return out, handed[0].runner
+
+
+def _product_chain(x):
+    return (x @ x).tanh() @ x  # 4 n^3 flops: 1.0e6 at n = 64, 8.4e6 at n = 128
+
+
+def test_short_graphs_over_cpu_tensors_run_inline_from_a_compile_and_from_the_disk(tmp_path, monkeypatch):
+    """A graph whose tensors are torch CPU tensors runs on the calling thread when XLA counts fewer
+    than INLINE_FLOPS in it, whether its executable was just compiled or loaded from the disk cache
+    (with the count its entry keeps, or counted on loading an entry without it): its results are
+    ready when `execute` returns, where PJRT would hand a program of this size to its worker
+    thread. A longer program keeps PJRT's handoff."""
+    from torchtpu.cache import entry as entries, tiers
+    from torchtpu.runtime import executable
+
+    monkeypatch.setenv("TORCHTPU_CACHE_DIR", str(tmp_path / "cache"))
+    tiers.MEMORY.clear()
+    tiers._disk.clear()
+    try:
+        for n, inline in ((64, True), (128, False)):
+            x = torch.randn(n, n)
+            for source in ("compile", "disk", "disk without the count"):
+                torchtpu.reset_stats()
+                out, graph = _runner_of(_product_chain, x)
+                torch.testing.assert_close(out, _product_chain(x), rtol=1e-4, atol=1e-2)
+                assert torchtpu.stats()["xla_compiles" if source == "compile" else "disk_hits"] == 1, source
+                exe = graph.executable_for(graph.fixed_signature)
+                assert graph.waits and exe.inline == inline, (n, source)
+                assert executable.short(exe.flops()) == inline
+                if inline:
+                    arrays = exe.input_arrays([x], frozenset(), x.device)
+                    for _ in range(20):
+                        assert all(r.is_ready() for r in exe.execute(arrays)), source
+                tiers.MEMORY.clear()  # the next round loads the entry the first one stored
+                if source == "disk":  # an entry written before entries kept the count
+                    store = tiers.disk()
+                    (digest,) = [d for d in store.digests() if store.get(d).meta["inputs"] == f"(f32[{n},{n}])"]
+                    found = store.get(digest)
+                    assert found.meta.pop("flops") == exe.flops()
+                    store.remove(digest)
+                    store.put(digest, entries.Entry(entries.seal(found.meta), found.blobs))
+    finally:
+        tiers.MEMORY.clear()
+        tiers._disk.clear()
+
+
+def test_programs_calling_aten_kernels_keep_the_handoff():
+    """XLA counts no flops in ATen's custom calls, so a convolution program has no full count and is
+    never taken for a short one (run inline, its kernels measured slower in training steps)."""
+    from torchtpu.kernels import aten_cpu
+
+    assert aten_cpu.available(), "make builds the ATen CPU kernels"
+    conv = torch.nn.Conv2d(3, 8, 3).eval()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        out, graph = _runner_of(conv, x)
+        torch.testing.assert_close(out, conv(x), rtol=1e-4, atol=1e-4)
+    exe = graph.executable_for(graph.fixed_signature)
+    assert graph.waits and exe.flops() is None and not exe.inline
+
+
+def test_a_loaded_cpu_executable_is_never_serialized_again():
+    """XLA:CPU serializes an executable it loaded from bytes without its kernels' code (those bytes
+    load, then fail at the first run), so only the bytes it was loaded from may reach the cache:
+    a compile that loads its executable again to run inline stores the compiled bytes."""
+    import jax
+
+    x = torch.randn(64, 64)
+    _, graph = _runner_of(_product_chain, x)
+    exe = graph.executable_for(graph.fixed_signature)
+    with pytest.raises(RuntimeError, match="cannot be serialized again"):
+        exe.serialize()
+    fresh = jax.jit(lambda a: jax.numpy.tanh(a @ a) @ a).lower(x.numpy()).compile()._executable.xla_executable
+    blob = fresh.serialize()
+    for inline in (True, False):
+        loaded = Executable.deserialize(blob, exe.layout, exe.device, inline=inline)
+        assert loaded.inline == inline
+        (got,) = loaded.run([x])
+        torch.testing.assert_close(got, _product_chain(x), rtol=1e-4, atol=1e-3)
+
+
+def test_graphs_over_tpu_tensors_keep_the_asynchronous_launch():
+    """The eager device's tensors hold device arrays that need not be ready: a graph over them
+    (and the device's own programs) keeps PJRT's handoff, so the caller runs on meanwhile."""
+    from torchtpu.compiler.driver import on_host
+
+    x = torch.randn(64, 64)  # short: inline if its caller waited
+    out, graph = _runner_of(_product_chain, x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), _product_chain(x), rtol=1e-4, atol=1e-3)
+    assert not graph.waits and not graph.executable_for(graph.fixed_signature).inline
+    assert on_host([x, 3, torch.tensor(1)]) and not on_host([x, x.to("tpu")])

@@ -20,7 +20,7 @@ from torchtpu.cache.store import DiskStore
 from torchtpu.cache.warn import log, warn_once
 from torchtpu.paths import default_root
 from torchtpu.layout import ProgramLayout
-from torchtpu.runtime.executable import Executable
+from torchtpu.runtime.executable import UNCOUNTED, Executable, load
 from torchtpu.runtime.target import Target
 
 MEMORY = MemoryTier()
@@ -62,28 +62,29 @@ def key_for(gm, spec: tuple, options, target: Target, name: str) -> keys.CacheKe
         return None
 
 
-def lookup(key: keys.CacheKey | None, target: Target, device, name: str) -> Executable | None:
-    """The executable for `key` from memory, else from disk, else None (a miss)."""
+def lookup(key: keys.CacheKey | None, target: Target, device, name: str, waits: bool = False) -> Executable | None:
+    """The executable for `key` from memory, else from disk (for a caller that `waits` for the
+    results or not: runtime/executable.py `load`), else None (a miss)."""
     if key is None:
         return None
     digest = key.digest
-    exe = MEMORY.get(digest)
+    exe = MEMORY.get(_in_memory(digest, waits))
     if exe is not None:
         counters.bump("memory_hits")
         _outcome("memory_hit", name, target, digest)
         return exe
     store = disk()
-    exe = _load(store, digest, target, device) if store is not None else None
+    exe = _load(store, digest, target, device, waits) if store is not None else None
     if exe is None:
         _outcome("miss", name, target, digest)
         return None
-    MEMORY.put(digest, exe)
+    MEMORY.put(_in_memory(digest, waits), exe)
     counters.bump("disk_hits")
     _outcome("disk_hit", name, target, digest)
     return exe
 
 
-def _load(store: DiskStore, digest: str, target: Target, device) -> Executable | None:
+def _load(store: DiskStore, digest: str, target: Target, device, waits: bool) -> Executable | None:
     t0 = time.perf_counter()
     try:
         found = store.get(digest)
@@ -91,7 +92,7 @@ def _load(store: DiskStore, digest: str, target: Target, device) -> Executable |
             return None
         if not target.runnable:  # a TPU executable with no TPU here: checked, not loaded
             return Executable(None, found.layout, device)
-        exe = Executable.deserialize(found.blobs[entries.EXECUTABLE], found.layout, device)
+        exe = load(found.blobs[entries.EXECUTABLE], found.layout, device, waits, found.meta.get("flops", UNCOUNTED))
     except OSError as exc:
         warn_once("read", f"cannot read {store.root} ({exc}); compiling")
         return None
@@ -107,19 +108,27 @@ def _load(store: DiskStore, digest: str, target: Target, device) -> Executable |
     return exe
 
 
-def store(key: keys.CacheKey | None, exe: Executable, lowered, **info) -> None:
-    """Keeps `exe` in memory and, when possible, on disk (atomically). Never raises for I/O."""
+def _in_memory(digest: str, waits: bool) -> str:
+    """The memory tier's key: one loaded executable per entry and kind of caller (one that waits
+    for the results may run it inline, the eager device does not: runtime/executable.py `load`)."""
+    return f"{digest}:waits" if waits else digest
+
+
+def store(key: keys.CacheKey | None, exe: Executable, lowered, blob: bytes | None = None, waits: bool = False,
+          **info) -> None:
+    """Keeps `exe` in memory (for lookups with the same `waits`) and, when possible, on disk
+    (atomically): `blob`, the bytes it was loaded from, else its serialization. Never raises for I/O."""
     if key is None:
         return
     digest = key.digest
-    MEMORY.put(digest, exe)
+    MEMORY.put(_in_memory(digest, waits), exe)
     target: Target = info.pop("target")
     disk_store = disk()
     if disk_store is None or disk_store.root in _read_only:
         return
     try:
         program, fmt = programs.to_portable(lowered)
-        blobs = {entries.PROGRAM: program, entries.EXECUTABLE: exe.serialize()}
+        blobs = {entries.PROGRAM: program, entries.EXECUTABLE: blob if blob is not None else exe.serialize()}
         new = entries.make(key, blobs, exe.layout, program_format=fmt, platform=target.platform,
                            target=f"{target.platform} {target.device_kind} x{target.device_count}",
                            topology=target.topology, created=time.time(), **info)

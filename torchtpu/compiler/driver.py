@@ -15,7 +15,7 @@ from torchtpu.compiler.spec import describe, is_static, spec_of
 from torchtpu.options import Options
 from torchtpu.passes import defer_and_fuse, run_passes
 from torchtpu.runtime import bucketed, fused, heap, target as targets
-from torchtpu.runtime.executable import CompiledGraph, Executable
+from torchtpu.runtime.executable import CompiledGraph, Executable, short
 
 _graph_ids = itertools.count()
 
@@ -49,9 +49,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
     target, device = targets.resolve(options)             # the device, or a TPU topology (deviceless AOT)
     placement = spmd.placement_for(gm, options, spmd_inputs, target)  # mesh option: input shardings, else None
 
+    waits = on_host(example_inputs)  # the caller waits for the results (short programs run on its thread)
+
     def build(spec: tuple) -> Executable:
         key = cache.key_for(gm, spec, options, target, name)         # 2. cache key (None: bypass, logged)
-        exe = cache.lookup(key, target, device, name)                # 3. memory -> disk
+        exe = cache.lookup(key, target, device, name, waits)         # 3. memory -> disk
         if exe is not None:
             return exe
         program = to_jax_program(gm, spec, target.platform, options, device)  # 4. ATen -> JAX function
@@ -62,20 +64,36 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
         events.record("compile", graph=name, signature=describe(spec), platform=target.platform,
                       lower_ms=round(lower_s * 1e3, 3), compile_ms=round(compile_s * 1e3, 3))
         dump.write(options, name, gm, spec, lowered, lower_s, compile_s)
+        blob, counted = None, {}
         if placement is None:
             exe = Executable.from_compiled(compiled, program, device)   # 7. runtime wrapper
+            if target.platform == "cpu":  # 7b. a short program loaded again to run on the calling thread
+                counted["flops"] = exe.flops()
+                if waits and short(counted["flops"]):
+                    blob = exe.serialize()
+                    exe = Executable.deserialize(blob, exe.layout, device, inline=True)
         else:  # partitioned over the mesh by XLA; records the shardings and collectives
             exe = spmd.sharded_executable(compiled, program, placement, spec, target, name)
-        cache.store(key, exe, lowered, target=target, graph_name=name, inputs=describe(spec),
-                    lower_ms=round(lower_s * 1e3, 3), compile_ms=round(compile_s * 1e3, 3))  # 8. atomic put
+        cache.store(key, exe, lowered, blob, waits, target=target, graph_name=name, inputs=describe(spec),
+                    lower_ms=round(lower_s * 1e3, 3), compile_ms=round(compile_s * 1e3, 3), **counted)  # 8. atomic put
         return exe
 
     runner = CompiledGraph(build, name, resident, gm)
+    runner.waits = waits
     runner = bucketed.wrap(runner, gm, options)           # the pass's bucket plan: pad to buckets, slice back
     if is_static(example_inputs):
         with unset_fake_temporarily():  # AOTAutograd calls us under its fake mode
             runner.fix_signature(spec_of(example_inputs))
     return runner
+
+
+def on_host(example_inputs) -> bool:
+    """Whether the graph's tensors are torch CPU tensors. Its outputs are then CPU tensors, which
+    must be ready when the call returns: PJRT's handoff to its worker thread only adds wake-ups,
+    so its short CPU programs run on the calling thread (runtime/executable.py `load`). The eager
+    device's tensors hold device arrays that need not be ready: its programs keep the handoff,
+    and the caller goes on while they run (docs/DECISIONS.md 110)."""
+    return all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
 
 
 def _lower_and_compile(program, placement=None, spec=()):

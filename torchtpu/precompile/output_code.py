@@ -26,6 +26,7 @@ class CachedSignature:
 
     spec: tuple
     key_parts: tuple
+    waits: bool = True  # its caller waits for the results (runtime/executable.py `load`; an older artifact: True)
 
     @classmethod
     def of(cls, runner) -> "CachedSignature | None":
@@ -36,7 +37,7 @@ class CachedSignature:
         if not isinstance(runner, CompiledGraph) or runner.fixed_signature is None or runner.gm is None:
             return None
         try:
-            return cls(runner.fixed_signature, keys.graph_parts(runner.gm, runner.fixed_signature))
+            return cls(runner.fixed_signature, keys.graph_parts(runner.gm, runner.fixed_signature), runner.waits)
         except Unkeyable:
             return None
 
@@ -103,11 +104,12 @@ class TpuOutputCode(OutputCode):
             key = keys.with_environment(self.cached.key_parts, self.options, target)
         except Unkeyable:
             return None
-        exe = cache.lookup(key, target, device, self.kind)
+        exe = cache.lookup(key, target, device, self.kind, self.cached.waits)
         if exe is None:
             return None
         runner = CompiledGraph(lambda spec: self._compile().executable_for(spec), self.kind, self.resident,
                                load_graph=lambda: self._compile().gm)
+        runner.waits = self.cached.waits
         runner.preload(self.cached.spec, exe)
         runner.dense_outputs_from = self.dense_outputs_from
         return runner

@@ -78,6 +78,7 @@ class CompiledGraph:
         self._load_graph = load_graph
         self.resident = resident  # argument positions of parameters and buffers
         self._executables: dict[tuple, "Executable"] = {}
+        self.waits = False  # its caller waits for its results (compiler/driver.py on_host): see `load`
         self._only: Executable | None = None
         self._fixed: tuple | None = None
         # Outputs from this position on are read only by our own programs (the activations a
@@ -130,6 +131,47 @@ class CompiledGraph:
         return nodes[position] if position < len(nodes) else None
 
 
+# A CPU program of fewer flops than this (XLA's count) runs on the calling thread where the caller
+# waits for its results. PJRT's own bound is 1000 flops, priced at a ~5 µs context switch; here the
+# handoff to its worker thread and back costs 80-100 µs a call, most of a program this short. Run
+# on the caller's thread, programs of a millisecond and more measured slower: a 6.4e6-flop decode
+# step 5-18%, whole models (1e8-1e9 flops) 2-11%. A program that calls ATen's kernels has no full
+# count and keeps the handoff (DECISIONS 110).
+INLINE_FLOPS = 2e6
+
+
+_ATEN_TARGET = b"torchtpu_aten_"  # the prefix of kernels/aten_cpu.py's FFI targets
+
+
+def short(flops: float | None) -> bool:
+    """Whether a program of `flops` (None: unknown) is short enough to run on the calling thread."""
+    return flops is not None and flops < INLINE_FLOPS
+
+
+UNCOUNTED = "uncounted"  # `load`'s flops when no count was kept (an entry older than the count)
+
+
+def load(blob: bytes, layout: ProgramLayout, device, waits: bool, flops=UNCOUNTED) -> "Executable":
+    """`Executable.deserialize`, inline on the CPU where the caller `waits` for the results and the
+    program is `short`. `flops`: `Executable.flops()` as the cache entry kept it; UNCOUNTED has
+    the program loaded once to count them."""
+    if not waits or getattr(device, "platform", None) != "cpu":
+        return Executable.deserialize(blob, layout, device)
+    if flops == UNCOUNTED:
+        exe = Executable.deserialize(blob, layout, device)
+        if not short(exe.flops()):
+            return exe
+    elif not short(flops):
+        return Executable.deserialize(blob, layout, device)
+    return Executable.deserialize(blob, layout, device, inline=True)
+
+
+def _inline_marker(*_args):
+    """The host callback an inline executable is loaded with: it selects PJRT's synchronous
+    execution mode and is never called (no program calls a host callback of ours)."""
+    raise RuntimeError("torchtpu: the inline-execution marker callback was called")
+
+
 class NotRunnableHere(RuntimeError):
     """The executable was compiled for a device this process does not have (deviceless AOT)."""
 
@@ -156,6 +198,8 @@ class Executable:
         self.layout = layout
         self.device = device
         self._execute = getattr(xla_executable, "execute_sharded", None)
+        self.inline = False  # runs on the calling thread (deserialize's `inline`)
+        self._loaded = False  # made by `deserialize` (see `serialize`)
         self._cpu = getattr(device, "platform", None) == "cpu"  # None: deviceless, never run
         if self._cpu and xla_executable is not None:  # temporaries glibc would map afresh each call
             heap.keep_buffers_for(_temp_bytes(xla_executable))
@@ -197,18 +241,46 @@ class Executable:
             raise RuntimeError(f"compiled program has {params} parameters, expected {expected}")
         return cls(xla_executable, ProgramLayout.of(program), device)
 
+    def flops(self) -> float | None:
+        """XLA's count of the program's flops; None where it has no full count: PJRT without a
+        cost analysis, or a program that calls ATen's kernels (custom calls XLA counts as none)."""
+        try:
+            if self._cpu and any(_ATEN_TARGET in m.as_serialized_hlo_module_proto()
+                                 for m in self.xla_executable.hlo_modules()):
+                return None
+            return float(self.xla_executable.cost_analysis()["flops"])
+        except Exception:  # noqa: BLE001 — a plugin without it, or no count: unknown
+            return None
+
     def serialize(self) -> bytes:
-        """PJRT's own serialization (not a pickle)."""
+        """PJRT's own serialization (not a pickle), of a freshly compiled executable only: XLA:CPU
+        serializes one it loaded from bytes without its kernels' code (the bytes load, and the
+        first run fails with "Function ... not found"), so that raises here."""
+        if self._loaded and self._cpu:
+            raise RuntimeError("torchtpu: a CPU executable loaded from bytes cannot be serialized again; "
+                               "keep the bytes it was loaded from")
         return self.xla_executable.serialize()
 
     @classmethod
-    def deserialize(cls, blob: bytes, layout: ProgramLayout, device) -> "Executable":
+    def deserialize(cls, blob: bytes, layout: ProgramLayout, device, inline: bool = False) -> "Executable":
+        """Loads PJRT's bytes. `inline` (CPU only): every run executes on the calling thread, as
+        PJRT's CPU client runs programs of under 1000 flops; it hands larger ones to a worker
+        thread, and a caller that needs the results waits for it (see `load`)."""
         client = jax_backend.get_backend(device.platform)
         if device.platform == "cpu":  # it may call ATen's kernels (kernels/aten_cpu.py)
             from torchtpu.kernels import aten_cpu
             aten_cpu.register_built()
             _initialize_lapack()
-        return cls(client.deserialize_executable(blob, [device], None), layout, device)
+        if not inline or device.platform != "cpu":
+            exe = cls(client.deserialize_executable(blob, [device], None), layout, device)
+            exe._loaded = True
+            return exe
+        # jaxlib executes an executable that has host callbacks in PJRT's synchronous mode on the
+        # CPU (so that a callback may call back into JAX); this one is never called
+        exe = cls(client.deserialize_executable(blob, _jax.DeviceList((device,)), None, [_inline_marker]),
+                  layout, device)
+        exe.inline = exe._loaded = True
+        return exe
 
     def run(self, args: list, resident: frozenset[int] = frozenset(), dense_from: int | None = None) -> list:
         """Runs on `args` (cleared: their memory can go once on the device).
