@@ -184,7 +184,8 @@ def test_calls_after_the_first_rebuild_every_output_like_eager(dynamic):
         f(torch.randn(8), torch.tensor([8]))
 
 
-def test_kept_result_handlers_give_the_first_calls_arrays():
+def _runner_of(fn, *args):
+    """(outputs, the CompiledGraph) of `fn` compiled by the tpu backend and called on `args`."""
     from torchtpu.backend import tpu_backend
 
     handed = []
@@ -194,10 +195,13 @@ def test_kept_result_handlers_give_the_first_calls_arrays():
         return handed[-1]
 
     torch._dynamo.reset()
-    f = torch.compile(lambda x: (x * 2, (x > 0).sum(), x.to(torch.int64)), backend=keeping, fullgraph=True)
+    out = torch.compile(fn, backend=keeping, fullgraph=True)(*args)
+    return out, handed[0].runner
+
+
+def test_kept_result_handlers_give_the_first_calls_arrays():
     x = torch.randn(6)
-    f(x)
-    graph = handed[0].runner
+    _, graph = _runner_of(lambda x: (x * 2, (x > 0).sum(), x.to(torch.int64)), x)
     compiled = graph.executable_for(graph.fixed_signature)
     exe = Executable(compiled.xla_executable, compiled.layout, compiled.device)  # no handlers kept yet
     arrays = exe.input_arrays([x], frozenset(), x.device)
@@ -280,21 +284,6 @@ def test_cpu_runs_stay_held_while_in_flight():
     finally:
         executable._recent_inputs.clear()
         executable._recent_inputs.extend(kept)
-
-
-def _runner_of(fn, *args):
-    """(outputs, the CompiledGraph) of `fn` compiled by the tpu backend and called on `args`."""
-    from torchtpu.backend import tpu_backend
-
-    handed = []
-
-    def keeping(gm, example_inputs):
-        handed.append(tpu_backend(gm, example_inputs))
-        return handed[-1]
-
-    torch._dynamo.reset()
-    out = torch.compile(fn, backend=keeping, fullgraph=True)(*args)
-    return out, handed[0].runner
 
 
 def _product_chain(x):

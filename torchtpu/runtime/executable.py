@@ -271,15 +271,15 @@ class Executable:
             from torchtpu.kernels import aten_cpu
             aten_cpu.register_built()
             _initialize_lapack()
-        if not inline or device.platform != "cpu":
-            exe = cls(client.deserialize_executable(blob, [device], None), layout, device)
-            exe._loaded = True
-            return exe
-        # jaxlib executes an executable that has host callbacks in PJRT's synchronous mode on the
-        # CPU (so that a callback may call back into JAX); this one is never called
-        exe = cls(client.deserialize_executable(blob, _jax.DeviceList((device,)), None, [_inline_marker]),
-                  layout, device)
-        exe.inline = exe._loaded = True
+        inline = inline and device.platform == "cpu"
+        # jaxlib runs an executable with host callbacks synchronously on the CPU (so that a callback
+        # may call back into JAX); the marker is never called
+        if inline:
+            loaded = client.deserialize_executable(blob, _jax.DeviceList((device,)), None, [_inline_marker])
+        else:
+            loaded = client.deserialize_executable(blob, [device], None)
+        exe = cls(loaded, layout, device)
+        exe.inline, exe._loaded = inline, True
         return exe
 
     def run(self, args: list, resident: frozenset[int] = frozenset(), dense_from: int | None = None) -> list:
