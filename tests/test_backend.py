@@ -144,6 +144,32 @@ def test_unknown_option_is_rejected():
         torch.compile(lambda x: x + 1, backend="tpu", options={"nope": 1})(torch.randn(2))
 
 
+def test_xla_options_reach_xla_and_key_the_program(tmp_path):
+    from torchtpu.options import Options
+
+    assert Options.parse({}).key_items() == Options.parse({"xla_options": {}}).key_items()  # old keys stay
+    parsed = Options.parse({"xla_options": {"xla_dump_to": str(tmp_path), "xla_cpu_prefer_vector_width": 512}})
+    assert parsed.xla_options == (("xla_cpu_prefer_vector_width", 512), ("xla_dump_to", str(tmp_path)))
+    assert ("xla_options", json.dumps(parsed.xla_options)) in parsed.key_items()
+    for bad, words in (([1], "use a dict"), ({"prefer_vector_width": 1}, "named xla_"),
+                       ({"xla_dump_to": [1]}, "bool, int, float or str")):
+        with pytest.raises(ValueError, match=words):
+            Options.parse({"xla_options": bad})
+
+    x = torch.randn(8)
+    before = torchtpu.stats()["xla_compiles"]
+    plain = compile_tpu(lambda t: t * 3 + 1)(x)
+    dumped = compile_tpu(lambda t: t * 3 + 1, options={"xla_options": {"xla_dump_to": str(tmp_path)}})(x)
+    assert torchtpu.stats()["xla_compiles"] == before + 2  # a key of its own: not the plain program's
+    assert torch.equal(plain, dumped) and torch.allclose(plain, x * 3 + 1)
+    assert any(p.name.endswith("after_optimizations.txt") for p in tmp_path.iterdir())  # XLA took the option
+
+
+def test_an_xla_option_xla_rejects_names_it():
+    with pytest.raises(Exception, match=r"xla_options=.*xla_no_such_thing.*No such compile option"):  # Dynamo wraps it
+        compile_tpu(lambda t: t - 2, options={"xla_options": {"xla_no_such_thing": 1}})(torch.randn(3))
+
+
 def test_input_mutation_written_back():
     def f(x, buf):
         buf.add_(x)

@@ -424,3 +424,26 @@ def test_the_overhead_workload_times_a_tiny_and_a_small_graph():
     result = cells.overhead({"workload": "overhead", "model": "small", "backend": "eager", "reps": 5,
                              "warmup": 1, "quick": True})
     assert result["numel"] == 4096 and result["median_us"] > 0 and result["samples"] == 5
+
+
+def test_ab_compiles_each_variant_as_its_own_program(tmp_path):
+    # the pitfall it exists for: two torch.compile calls of one model with the same backend and
+    # options share Dynamo's cache entry, so both would run one program (DECISIONS 111)
+    import torchtpu
+    from benchmarks import ab
+
+    def programs():  # each compile or cache hit is one program handed to the backend
+        stats = torchtpu.stats()
+        return stats["xla_compiles"] + stats["disk_hits"] + stats["memory_hits"]
+
+    before = programs()
+    out = tmp_path / "ab.json"
+    result = ab.main(["mlp", "--rounds", "2", "--calls", "2", "--batch", "4", "--json", str(out),
+                      "--variant", "base={}", "--variant",
+                      'dumped={"xla_options": {"xla_dump_to": "' + str(tmp_path / "dump") + '"}}'])
+    assert programs() - before == 2
+    assert any((tmp_path / "dump").iterdir())  # the second variant's program is the one XLA dumped
+    assert json.loads(out.read_text())["ratio"]["base"] == 1.0
+    assert set(result["rounds_ms"]) == {"base", "dumped"} and all(len(v) == 2 for v in result["rounds_ms"].values())
+    with pytest.raises(SystemExit):
+        ab.main(["mlp", "--variant", "base={}"])  # one variant: nothing to compare

@@ -41,6 +41,11 @@ class Options:
             values in float32 between them and rounds where a value leaves the chain (as
             Inductor's fused kernels and XLA's own excess precision do); False: every op rounds
             its result as eager does (eager's bits, slower on the CPU: docs/DECISIONS.md 80).
+        xla_options: {name: value}: XLA compile options for this model's programs, the fields of
+            XLA's DebugOptions (e.g. {"xla_cpu_prefer_vector_width": 512}), as JAX's
+            `.compile(compiler_options=...)` takes them: per program, where XLA_FLAGS is per
+            process. Part of the cache key; XLA rejects an unknown name or a bad value at the
+            first compile, and the error names the option.
     """
 
     platform: str | None = None
@@ -54,6 +59,7 @@ class Options:
     aten_kernels: str = "auto"
     check_indices: bool = True
     excess_precision: bool = True
+    xla_options: Any = ()
 
     @classmethod
     def parse(cls, options: dict[str, Any] | None) -> "Options":
@@ -68,6 +74,8 @@ class Options:
             options["bucketing"] = _parse_bucketing(options["bucketing"])
         if "mesh" in options or "tp_plan" in options:
             options["mesh"], options["tp_plan"] = _parse_spmd(options.get("mesh"), options.get("tp_plan"))
+        if "xla_options" in options:
+            options["xla_options"] = _parse_xla_options(options["xla_options"])
         parsed = cls(**options)
         if parsed.platform not in (None, "cpu", "gpu", "tpu"):
             raise ValueError(f"torchtpu: option platform={parsed.platform!r}; use 'cpu', 'gpu' or 'tpu'")
@@ -92,7 +100,24 @@ class Options:
                  ("excess_precision", self.excess_precision))
         if self.mesh is not None:  # only then: keys of unsharded programs stay as they were
             items += (("mesh", json.dumps(self.mesh)), ("tp_plan", json.dumps(self.tp_plan)))
+        if self.xla_options:  # likewise
+            items += (("xla_options", json.dumps(self.xla_options)),)
         return items
+
+
+def _parse_xla_options(value) -> tuple[tuple[str, Any], ...]:
+    """Normalises the xla_options option to ((name, value), ...) sorted by name (hashable)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ValueError(f"torchtpu: option xla_options={value!r}; use a dict such as "
+                         "{'xla_cpu_prefer_vector_width': 512}")
+    for name, setting in value.items():
+        if not isinstance(name, str) or not name.startswith("xla_"):
+            raise ValueError(f"torchtpu: xla_options name {name!r}: XLA's compile options are named xla_...")
+        if not isinstance(setting, (bool, int, float, str)):
+            raise ValueError(f"torchtpu: xla_options[{name!r}]={setting!r}; use a bool, int, float or str")
+    return tuple(sorted(value.items()))
 
 
 def _parse_spmd(mesh, tp_plan):

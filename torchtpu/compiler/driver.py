@@ -57,7 +57,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
         if exe is not None:
             return exe
         program = to_jax_program(gm, spec, target.platform, options, device)  # 4. ATen -> JAX function
-        lowered, compiled, lower_s, compile_s = _lower_and_compile(program, placement, spec)  # 5. StableHLO, 6. XLA
+        lowered, compiled, lower_s, compile_s = _lower_and_compile(program, placement, spec,  # 5. StableHLO, 6. XLA
+                                                                   options.xla_options)
         counters.bump("xla_compiles")
         counters.add_seconds("lower", lower_s)
         counters.add_seconds("compile", compile_s)
@@ -96,16 +97,22 @@ def on_host(example_inputs) -> bool:
     return all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
 
 
-def _lower_and_compile(program, placement=None, spec=()):
+def _lower_and_compile(program, placement=None, spec=(), xla_options=()):
     """jax.jit(...).lower() -> StableHLO, .compile() -> XLA via PJRT. Every aval stays a parameter
     (keep_unused) so the executable can be called directly and restored from the cache. With a
-    placement, the avals carry the inputs' shardings and XLA partitions the program (SPMD)."""
+    placement, the avals carry the inputs' shardings and XLA partitions the program (SPMD).
+    `xla_options` (the option's pairs) are XLA's compile options for this program."""
     avals = program.avals if placement is None else spmd.sharded_avals(program, placement, spec)
     t0 = time.perf_counter()
     with jax.enable_x64(True):
         lowered = jax.jit(program.fn, keep_unused=True).trace(*avals).lower()
         t1 = time.perf_counter()
         heap.release_free_pages()  # what tracing freed leaves before XLA's compile peak (DECISIONS 95)
-        compiled = lowered.compile()
+        try:
+            compiled = lowered.compile(compiler_options=dict(xla_options) or None)
+        except Exception as exc:
+            if xla_options and "option" in str(exc):  # XLA's words: "No such compile option", "While setting option"
+                raise ValueError(f"torchtpu: option xla_options={dict(xla_options)}: {exc}") from exc
+            raise
         heap.release_free_pages()  # and what the compile freed
     return lowered, compiled, t1 - t0, time.perf_counter() - t1
