@@ -55,6 +55,7 @@ def main(argv=None) -> dict:
     import torch
 
     from benchmarks.run import build
+    from benchmarks.timing import median_ms
 
     if args.threads == 1:
         torch.set_num_threads(1)
@@ -71,14 +72,7 @@ def main(argv=None) -> dict:
         for r in range(args.rounds):
             order = list(compiled.items())
             for name, fn in (order if r % 2 == 0 else order[::-1]):
-                for _ in range(3):
-                    fn(*inputs)
-                times = []
-                for _ in range(args.calls):
-                    started = time.perf_counter()
-                    fn(*inputs)
-                    times.append(time.perf_counter() - started)
-                samples[name].append(statistics.median(times) * 1e3)
+                samples[name].append(median_ms(lambda: fn(*inputs), warmup=3, runs=args.calls))
     medians = {name: statistics.median(values) for name, values in samples.items()}
     base = medians[next(iter(medians))]
     threads = "one thread" if args.threads == 1 else "default threads"
