@@ -447,3 +447,30 @@ def test_ab_compiles_each_variant_as_its_own_program(tmp_path):
     assert set(result["rounds_ms"]) == {"base", "dumped"} and all(len(v) == 2 for v in result["rounds_ms"].values())
     with pytest.raises(SystemExit):
         ab.main(["mlp", "--variant", "base={}"])  # one variant: nothing to compare
+
+
+def test_ab_train_times_steps_that_train(monkeypatch):
+    """--train: each variant's step is the suite's compiled loss, its backward and an optimizer step."""
+    import torch
+
+    import benchmarks.run
+    import torchtpu
+    from benchmarks import ab
+    from benchmarks.run import build
+
+    before = torchtpu.stats()["xla_compiles"] + torchtpu.stats()["disk_hits"] + torchtpu.stats()["memory_hits"]
+    seen = {}
+
+    def recording_build(*a):
+        seen["model"], inputs = build(*a)
+        seen["start"] = {n: p.detach().clone() for n, p in seen["model"].named_parameters()}
+        return seen["model"], inputs
+
+    monkeypatch.setattr(benchmarks.run, "build", recording_build)
+    result = ab.main(["mlp", "--train", "--rounds", "2", "--calls", "2", "--batch", "4",
+                      "--variant", "base={}", "--variant", 'strict={"mode": "strict"}'])
+    after = torchtpu.stats()["xla_compiles"] + torchtpu.stats()["disk_hits"] + torchtpu.stats()["memory_hits"]
+    assert after - before >= 4  # a forward and a backward program per variant, at least
+    assert result["workload"] == "train" and set(result["median_ms"]) == {"base", "strict"}
+    moved = [n for n, p in seen["model"].named_parameters() if not torch.equal(p.detach(), seen["start"][n])]
+    assert moved and seen["model"].training  # the steps updated the parameters
