@@ -12,6 +12,7 @@ import torch
 
 from torchtpu.compiler.context import PROMOTE, as_dtype
 from torchtpu.compiler.registry import op
+from torchtpu.compiler.rules import trig
 
 aten = torch.ops.aten
 
@@ -41,7 +42,26 @@ _FLOAT_UNARY = {
     "sinc": jnp.sinc, "i0": jnp.i0,
 }
 for _name, _fn in _FLOAT_UNARY.items():
-    op(getattr(aten, _name).default)(_unary(_fn))
+    if _name not in ("sin", "cos"):
+        op(getattr(aten, _name).default)(_unary(_fn))
+
+
+def _trig(name):
+    xla_fn, cpu_fn = _FLOAT_UNARY[name], getattr(trig, name)
+
+    def rule(ctx, x):
+        compute, _ = ctx.promote(PROMOTE.INT_TO_FLOAT, args=ctx.node.args[:1])
+        x = as_dtype(x, compute)
+        if ctx.platform == "cpu" and trig.applies(x):
+            return cpu_fn(x)
+        return xla_fn(x)
+
+    rule.__qualname__ = f"unary[{name}]"
+    return rule
+
+
+for _name in ("sin", "cos"):
+    op(getattr(aten, _name).default)(_trig(_name))
 
 
 def _round_int_safe(fn):
