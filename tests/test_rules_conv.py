@@ -340,3 +340,22 @@ def test_conv_batchnorm_fusion_leaves_float64_exact_and_other_readers_alone(tmp_
     train, x = _eval_conv_bn(True)
     compile_tpu(train.train(), options={"dump_dir": str(tmp_path / "train")})(x).sum().backward()
     assert "conv_bn" not in _dumped(tmp_path / "train", "fx.txt")  # batch statistics: not fused
+
+
+@NEEDS_CXX
+@pytest.mark.parametrize("channels, aten", [(31, True), (32, False)])
+def test_wide_dense_float32_convolutions_are_xlas_own(tmp_path, channels, aten):
+    """A dense float32 2d convolution with 32 or more input channels is XLA's convolution, forward
+    and backward (docs/DECISIONS.md 112); narrower ones, grouped ones and bfloat16 ones keep ATen's."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(channels, 16, 3, padding=1)
+    x = torch.randn(2, channels, 8, 8)
+    compiled = compile_tpu(conv, options={"dump_dir": str(tmp_path / "train")})
+    assert_close_tree(_forward_and_grads(conv, x, compiled), _forward_and_grads(conv, x, None))
+    forward = _dumped(tmp_path / "train", "stablehlo.mlir")
+    assert ("torchtpu_aten_convolution" in forward) is aten
+    assert ("stablehlo.convolution" in forward) is not aten
+    grouped = torch.nn.Conv2d(2 * channels, 16, 3, groups=2)
+    assert "torchtpu_aten_convolution" in _stablehlo(grouped, torch.randn(2, 2 * channels, 8, 8), tmp_path / "g")
+    half = copy.deepcopy(conv).bfloat16()
+    assert "torchtpu_aten_convolution" in _stablehlo(half, x.bfloat16(), tmp_path / "bf16")

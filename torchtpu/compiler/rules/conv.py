@@ -125,6 +125,20 @@ def _add_bias(out, bias):
     return out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
 
 
+# A dense float32 2d convolution with at least this many input channels is XLA's own: inside
+# whole programs it ran faster than ATen's kernel (docs/DECISIONS.md 112), whose OpenMP team on
+# XLA's threads costs more than its kernel gains there. Fewer channels give XLA's convolution a
+# contraction too short for its kernels (a 3-channel stem: 4x slower than oneDNN).
+XLA_DENSE_MIN_CHANNELS = 32
+
+
+def calls_aten(ctx, x, groups) -> bool:
+    """Whether this convolution (forward and backward alike) calls ATen's kernel on this target."""
+    xla_is_faster = (groups == 1 and x.ndim == 4 and x.dtype == jnp.float32
+                     and x.shape[1] >= XLA_DENSE_MIN_CHANNELS)
+    return use_aten(ctx) and not xla_is_faster
+
+
 def use_aten(ctx) -> bool:
     """ATen's CPU kernels for this program: the CPU target, not partitioned, not turned off."""
     return (ctx.platform == "cpu" and ctx.options.aten_kernels == "auto" and ctx.options.mesh is None
@@ -134,14 +148,14 @@ def use_aten(ctx) -> bool:
 @op(aten.convolution.default)
 def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform,
-                          use_aten(ctx)), bias)
+                          calls_aten(ctx, x, groups)), bias)
 
 
 @op(aten._convolution.default)
 def _convolution_full(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
                       benchmark=False, deterministic=False, cudnn_enabled=True, allow_tf32=True):
     return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform,
-                          use_aten(ctx)), bias)
+                          calls_aten(ctx, x, groups)), bias)
 
 
 @op(aten.convolution_backward.default)
@@ -150,7 +164,8 @@ def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation
     acc = accumulate_dtype(grad.dtype)
     grad_input = grad_weight = grad_bias = None
     nd = x.ndim - 2
-    if (output_mask[0] or output_mask[1]) and not transposed and aten_cpu.one_dtype(grad, x, w) and use_aten(ctx):
+    if ((output_mask[0] or output_mask[1]) and not transposed and aten_cpu.one_dtype(grad, x, w)
+            and calls_aten(ctx, x, groups)):
         grad_input, grad_weight = aten_cpu.convolution_backward(
             grad, x, w, _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups, output_mask[:2],
             channels_last=_channels_last(nd))
@@ -177,12 +192,13 @@ def _conv_bn(ctx, x, w, b, bn_weight, bn_bias, mean, var, eps, stride, padding, 
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     params = [p for p in (b, bn_weight, bn_bias, mean, var) if p is not None]
-    if (use_aten(ctx) and aten_cpu.writes_into(x, w, _channels_last(nd))
+    if (calls_aten(ctx, x, groups) and aten_cpu.writes_into(x, w, _channels_last(nd))
             and all(p.dtype == jnp.float32 for p in params)):
         s = lax.rsqrt(var + eps) * (bn_weight if bn_weight is not None else 1.0)
         folded_w = w * s.reshape((-1,) + (1,) * (w.ndim - 1))
         folded_b = ((b if b is not None else 0.0) - mean) * s + (bn_bias if bn_bias is not None else 0.0)
         return _aten_convolution(x, folded_w, stride, padding, dilation, groups, bias=folded_b, relu=relu)
-    y = _add_bias(conv(x, w, stride, padding, dilation, False, None, groups, ctx.platform, use_aten(ctx)), b)
+    y = _add_bias(conv(x, w, stride, padding, dilation, False, None, groups, ctx.platform,
+                       calls_aten(ctx, x, groups)), b)
     y = _batch_norm_eval(y, bn_weight, bn_bias, mean, var, eps)
     return jnp.maximum(y, jnp.zeros((), y.dtype)) if relu else y
