@@ -31,7 +31,8 @@ class Options:
         tp_plan: with a mesh: "auto" (the Hugging Face model's own plan) or {pattern: "colwise" |
             "rowwise" | "replicate" | "sequence"}; None: parameters replicated (data parallel).
         aten_kernels: "auto" (default: on the CPU, convolutions, MoE grouped matmuls and the attention
-            backward call ATen's kernels inside the XLA program, see kernels/aten_cpu.py) or "off"
+            backward call ATen's kernels inside the XLA program, see kernels/aten_cpu.py; dense
+            float32 2d convolutions of 32+ input channels stay XLA's, rules/conv.py) or "off"
             (XLA's own).
         check_indices: True (default): programs check every position they read or write by tensor
             value (embedding, gather, index, scatter, ...) and torch's asserts, and the call raises
