@@ -87,8 +87,9 @@ def main(argv=None) -> dict:
     for name, value in medians.items():
         rounds = " ".join(f"{v:.2f}" for v in samples[name])
         print(f"  {name:12s} {value:8.3f}  {value / base:6.3f}x   rounds: {rounds}")
-    result = {"model": args.model, "threads": threads, "workload": "train" if args.train else "infer", "variants": variants, "rounds_ms": samples,
-              "median_ms": medians, "ratio": {n: v / base for n, v in medians.items()}}
+    result = {"model": args.model, "threads": threads, "workload": "train" if args.train else "infer",
+              "variants": variants, "rounds_ms": samples, "median_ms": medians,
+              "ratio": {n: v / base for n, v in medians.items()}}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

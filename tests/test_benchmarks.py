@@ -426,22 +426,25 @@ def test_the_overhead_workload_times_a_tiny_and_a_small_graph():
     assert result["numel"] == 4096 and result["median_us"] > 0 and result["samples"] == 5
 
 
+def _programs():
+    """Programs handed to the backend so far: each compile or cache hit is one."""
+    import torchtpu
+
+    stats = torchtpu.stats()
+    return stats["xla_compiles"] + stats["disk_hits"] + stats["memory_hits"]
+
+
 def test_ab_compiles_each_variant_as_its_own_program(tmp_path):
     # the pitfall it exists for: two torch.compile calls of one model with the same backend and
     # options share Dynamo's cache entry, so both would run one program (DECISIONS 111)
-    import torchtpu
     from benchmarks import ab
 
-    def programs():  # each compile or cache hit is one program handed to the backend
-        stats = torchtpu.stats()
-        return stats["xla_compiles"] + stats["disk_hits"] + stats["memory_hits"]
-
-    before = programs()
+    before = _programs()
     out = tmp_path / "ab.json"
     result = ab.main(["mlp", "--rounds", "2", "--calls", "2", "--batch", "4", "--json", str(out),
                       "--variant", "base={}", "--variant",
                       'dumped={"xla_options": {"xla_dump_to": "' + str(tmp_path / "dump") + '"}}'])
-    assert programs() - before == 2
+    assert _programs() - before == 2
     assert any((tmp_path / "dump").iterdir())  # the second variant's program is the one XLA dumped
     assert json.loads(out.read_text())["ratio"]["base"] == 1.0
     assert set(result["rounds_ms"]) == {"base", "dumped"} and all(len(v) == 2 for v in result["rounds_ms"].values())
@@ -454,11 +457,10 @@ def test_ab_train_times_steps_that_train(monkeypatch):
     import torch
 
     import benchmarks.run
-    import torchtpu
     from benchmarks import ab
     from benchmarks.run import build
 
-    before = torchtpu.stats()["xla_compiles"] + torchtpu.stats()["disk_hits"] + torchtpu.stats()["memory_hits"]
+    before = _programs()
     seen = {}
 
     def recording_build(*a):
@@ -469,8 +471,7 @@ def test_ab_train_times_steps_that_train(monkeypatch):
     monkeypatch.setattr(benchmarks.run, "build", recording_build)
     result = ab.main(["mlp", "--train", "--rounds", "2", "--calls", "2", "--batch", "4",
                       "--variant", "base={}", "--variant", 'strict={"mode": "strict"}'])
-    after = torchtpu.stats()["xla_compiles"] + torchtpu.stats()["disk_hits"] + torchtpu.stats()["memory_hits"]
-    assert after - before >= 4  # a forward and a backward program per variant, at least
+    assert _programs() - before >= 4  # a forward and a backward program per variant, at least
     assert result["workload"] == "train" and set(result["median_ms"]) == {"base", "strict"}
     moved = [n for n, p in seen["model"].named_parameters() if not torch.equal(p.detach(), seen["start"][n])]
     assert moved and seen["model"].training  # the steps updated the parameters

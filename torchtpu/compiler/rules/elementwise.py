@@ -17,10 +17,12 @@ from torchtpu.compiler.rules import trig
 aten = torch.ops.aten
 
 
-def _unary(fn, kind=PROMOTE.INT_TO_FLOAT):
+def _unary(fn, kind=PROMOTE.INT_TO_FLOAT, cpu_fn=None):
+    """The rule of a unary op; `cpu_fn`, where given, is the op's form for the CPU target."""
     def rule(ctx, x, *args, **kwargs):
         compute, _ = ctx.promote(kind, args=ctx.node.args[:1])
-        return fn(as_dtype(x, compute), *args, **kwargs)
+        chosen = cpu_fn if cpu_fn is not None and ctx.platform == "cpu" else fn
+        return chosen(as_dtype(x, compute), *args, **kwargs)
 
     rule.__qualname__ = f"unary[{getattr(fn, '__name__', fn)}]"
     return rule
@@ -41,27 +43,9 @@ _FLOAT_UNARY = {
     "reciprocal": lambda x: 1 / x, "lgamma": lax.lgamma, "digamma": _digamma,
     "sinc": jnp.sinc, "i0": jnp.i0,
 }
+_CPU_FORMS = {"sin": trig.sin, "cos": trig.cos}  # XLA:CPU's are scalar libm calls (rules/trig.py)
 for _name, _fn in _FLOAT_UNARY.items():
-    if _name not in ("sin", "cos"):
-        op(getattr(aten, _name).default)(_unary(_fn))
-
-
-def _trig(name):
-    xla_fn, cpu_fn = _FLOAT_UNARY[name], getattr(trig, name)
-
-    def rule(ctx, x):
-        compute, _ = ctx.promote(PROMOTE.INT_TO_FLOAT, args=ctx.node.args[:1])
-        x = as_dtype(x, compute)
-        if ctx.platform == "cpu" and trig.applies(x):
-            return cpu_fn(x)
-        return xla_fn(x)
-
-    rule.__qualname__ = f"unary[{name}]"
-    return rule
-
-
-for _name in ("sin", "cos"):
-    op(getattr(aten, _name).default)(_trig(_name))
+    op(getattr(aten, _name).default)(_unary(_fn, cpu_fn=_CPU_FORMS.get(_name)))
 
 
 def _round_int_safe(fn):

@@ -48,11 +48,6 @@ def _reduced(x, cos: bool):
     return value if cos else jnp.where(x == 0, x, value)  # sin(-0) is -0
 
 
-def applies(x) -> bool:
-    """float32 operands: float64 keeps XLA's op (its reduction would need more bits)."""
-    return x.dtype == jnp.float32
-
-
 def sin(x):
     return _dispatch(x, cos=False)
 
@@ -63,5 +58,7 @@ def cos(x):
 
 def _dispatch(x, cos: bool):
     xla_op = jnp.cos if cos else jnp.sin
+    if x.dtype != jnp.float32:  # float64 keeps XLA's op: its reduction would need more bits
+        return xla_op(x)
     in_range = jnp.max(jnp.abs(x), initial=0.0) <= REDUCE_BOUND  # NaN compares False: XLA's op
     return lax.cond(in_range, lambda v: _reduced(v, cos), xla_op, x)
