@@ -79,3 +79,18 @@ def test_bfloat16_no_worse_than_eager_against_float32(tmp_path, case, aten):
     got = _grads(_compiled(tmp_path, aten_kernels=aten), inputs, kw, torch.bfloat16)
     for g, e, r in zip(got, eager, reference):
         assert (g - r).abs().max().item() <= 1.25 * (e - r).abs().max().item() + 1e-3
+
+
+@NEEDS_CXX
+@pytest.mark.parametrize("head_dim, length, aten", [(32, 65, False), (16, 128, False), (8, 65, True),
+                                                    (32, 129, True)])
+def test_cpu_backward_is_torchs_kernel_only_where_it_pays(tmp_path, head_dim, length, aten):
+    """On the CPU the backward calls torch's kernel only for heads narrower than 16 or more than
+    128 x 128 scores per head; XLA's ops elsewhere (docs/DECISIONS.md 113). Both match eager."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, length, head_dim) for _ in range(3))
+    expected = _grads(F.scaled_dot_product_attention, (q, k, v), {"is_causal": True})
+    got = _grads(_compiled(tmp_path), (q, k, v), {"is_causal": True})
+    for g, e in zip(got, expected):
+        assert (g - e).abs().max().item() < 2e-5
+    assert (TARGET in _programs(tmp_path)) is aten

@@ -359,3 +359,24 @@ def test_wide_dense_float32_convolutions_are_xlas_own(tmp_path, channels, aten):
     assert "torchtpu_aten_convolution" in _stablehlo(grouped, torch.randn(2, 2 * channels, 8, 8), tmp_path / "g")
     half = copy.deepcopy(conv).bfloat16()
     assert "torchtpu_aten_convolution" in _stablehlo(half, x.bfloat16(), tmp_path / "bf16")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape, kernel", [((2, 3, 16, 16), 8), ((2, 4, 9, 7), (4, 2)), ((2, 3, 10), 4),
+                                           ((1, 2, 4, 6, 5), 2)])
+def test_disjoint_patches_are_one_product_on_the_cpu(tmp_path, dtype, shape, kernel):
+    """A convolution over disjoint patches (a ViT's or DiT's patch embedding: stride equal to the
+    kernel, no padding) is a product on the CPU target, forward and backward, with no ATen call
+    and no XLA convolution (docs/DECISIONS.md 113); what no patch covers (9 % 4, 7 % 2, 5 % 2)
+    is left out as torch leaves it. The TPU target keeps XLA's convolution."""
+    torch.manual_seed(0)
+    conv = getattr(torch.nn, f"Conv{len(shape) - 2}d")(shape[1], 16, kernel, stride=kernel).to(dtype)
+    x = torch.randn(shape, dtype=dtype)
+    compiled = compile_tpu(conv, options={"dump_dir": str(tmp_path)})
+    tol = dict(rtol=2 ** -7, atol=2 ** -6) if dtype == torch.bfloat16 else {}
+    assert_close_tree(_forward_and_grads(conv, x, compiled), _forward_and_grads(conv, x, None), **tol)
+    text = _dumped(tmp_path, "stablehlo.mlir")
+    assert "stablehlo.dot_general" in text
+    assert "convolution" not in text
+    tpu = torchtpu.export(conv, x, platforms=("tpu",)).stablehlo_text()
+    assert "stablehlo.convolution" in tpu and "dot_general" not in tpu

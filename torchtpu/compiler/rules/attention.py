@@ -100,6 +100,20 @@ def _group_sum(grad, kv):
     return grad.reshape(group).sum(axis=-3)
 
 
+# On the CPU, torch's attention backward kernel runs inside the program only where XLA's ops are far
+# behind: heads narrower than this (XLA's products contract too few elements), or more scores per
+# head than this (XLA writes them all; torch's kernel works block by block). Elsewhere XLA's ops
+# were faster in the training step at default threads: the kernel's OpenMP team on XLA's threads
+# costs more than it gains (docs/DECISIONS.md 113).
+XLA_BACKWARD_MIN_HEAD_DIM = 16
+XLA_BACKWARD_MAX_SCORES = 128 * 128
+
+
+def aten_backward_pays(q, k) -> bool:
+    """Whether this attention's backward calls torch's kernel, where ATen's kernels are on."""
+    return q.shape[-1] < XLA_BACKWARD_MIN_HEAD_DIM or q.shape[-2] * k.shape[-2] > XLA_BACKWARD_MAX_SCORES
+
+
 def _flash_choice(ctx, q, k, v, attn_mask, dropout_p) -> str:
     """The flash kernel's choice for this attention (float32 only where its matmuls may be bfloat16)."""
     return kernels.choose(ctx, "flash_attention", flash.supports(q, k, v, attn_mask, dropout_p),
@@ -125,7 +139,8 @@ def _sdpa_flash_cpu_backward(ctx, grad_out, q, k, v, out, logsumexp, dropout_p, 
     if choice != kernels.XLA:
         with kernels.running(choice):
             return flash.flash_bwd(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)
-    if use_aten(ctx) and aten_cpu.attention_backward_supports(grad_out, q, k, v, out, attn_mask):
+    if (use_aten(ctx) and aten_backward_pays(q, k)
+            and aten_cpu.attention_backward_supports(grad_out, q, k, v, out, attn_mask)):
         dq, dk, dv = aten_cpu.attention_backward(grad_out, q, _heads_like(q, k), _heads_like(q, v), out, logsumexp,
                                                  attn_mask, is_causal, scale)
         return dq, _group_sum(dk, k), _group_sum(dv, v)

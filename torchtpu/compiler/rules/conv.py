@@ -41,7 +41,8 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
     """torch's convolution (no bias), computed in x's dtype with float32 accumulation.
 
     On the CPU, XLA's grouped and depthwise convolutions are slow (measured 3x and 130x
-    slower than the forms below, docs/DECISIONS.md), so those take another form there. With
+    slower than the forms below, docs/DECISIONS.md), so those take another form there, and so do
+    convolutions over disjoint patches (`cuts_patches`: a ViT's patch embedding), a product. With
     `aten` the convolution calls ATen's own kernel (kernels/aten_cpu.py): 2d and 3d ones of any
     groups channels-last, which oneDNN runs fastest (docs/DECISIONS.md 40), 1d dense ones as they are.
     """
@@ -53,6 +54,8 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
     acc = accumulate_dtype(x.dtype)
     integer = not jnp.issubdtype(x.dtype, jnp.inexact)
     kw = {} if integer else dict(precision=precision(), preferred_element_type=acc)
+    if platform == "cpu" and not transposed and cuts_patches(w.shape[2:], stride, padding, dilation, groups):
+        return _patches_product(x, w, kw)
     dn = _dimension_numbers(nd)
     if platform == "cpu" and not transposed and not integer and groups > 1:
         if groups == x.shape[1] == w.shape[0] and math.prod(w.shape[2:]) <= _MAX_SHIFTED_TAPS:
@@ -81,6 +84,29 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
 
 _MAX_SHIFTED_TAPS = 64  # kernel elements: one multiply-add each, fused by XLA into one loop
 _MAX_SPLIT_GROUPS = 16
+
+
+def cuts_patches(kernel, stride, padding, dilation, groups) -> bool:
+    """Whether a (non-transposed) convolution reads disjoint patches of its input: one group,
+    the stride equal to the kernel, no padding, no dilation (arguments expanded per dimension)."""
+    return (groups == 1 and list(stride) == list(kernel) and not any(padding)
+            and all(d == 1 for d in dilation))
+
+
+def _patches_product(x, w, kw):
+    """A convolution over disjoint patches as one product: the input viewed as
+    [N, C, o1, k1, o2, k2, ...] (what no patch covers sliced off), contracted over C and the k's
+    with the kernel [O, C, k1, k2, ...]. XLA:CPU's convolution with a 3-channel input is slow,
+    and ATen's inside the program pays an OpenMP team (docs/DECISIONS.md 113); its product is
+    neither, and its gradients are products too."""
+    nd = x.ndim - 2
+    kernel = w.shape[2:]
+    out = [n // k for n, k in zip(x.shape[2:], kernel)]
+    x = x[(slice(None), slice(None)) + tuple(slice(0, o * k) for o, k in zip(out, kernel))]
+    x = x.reshape(x.shape[:2] + tuple(itertools.chain.from_iterable(zip(out, kernel))))
+    lhs_contract = (1,) + tuple(3 + 2 * i for i in range(nd))
+    y = lax.dot_general(x, w, ((lhs_contract, tuple(range(1, nd + 2))), ((), ())), **kw)
+    return jnp.moveaxis(y, -1, 1)  # [N, o1, ..., O] -> [N, O, o1, ...]
 
 
 def _aten_convolution(x, w, stride, padding, dilation, groups, **epilogue):
@@ -132,11 +158,13 @@ def _add_bias(out, bias):
 XLA_DENSE_MIN_CHANNELS = 32
 
 
-def calls_aten(ctx, x, groups) -> bool:
+def calls_aten(ctx, x, w, stride, padding, dilation, groups) -> bool:
     """Whether this convolution (forward and backward alike) calls ATen's kernel on this target."""
+    nd = x.ndim - 2
     xla_is_faster = (groups == 1 and x.ndim == 4 and x.dtype == jnp.float32
                      and x.shape[1] >= XLA_DENSE_MIN_CHANNELS)
-    return use_aten(ctx) and not xla_is_faster
+    patches = cuts_patches(w.shape[2:], _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups)
+    return use_aten(ctx) and not xla_is_faster and not patches
 
 
 def use_aten(ctx) -> bool:
@@ -148,14 +176,14 @@ def use_aten(ctx) -> bool:
 @op(aten.convolution.default)
 def _convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform,
-                          calls_aten(ctx, x, groups)), bias)
+                          calls_aten(ctx, x, w, stride, padding, dilation, groups)), bias)
 
 
 @op(aten._convolution.default)
 def _convolution_full(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups,
                       benchmark=False, deterministic=False, cudnn_enabled=True, allow_tf32=True):
     return _add_bias(conv(x, w, stride, padding, dilation, transposed, output_padding, groups, ctx.platform,
-                          calls_aten(ctx, x, groups)), bias)
+                          calls_aten(ctx, x, w, stride, padding, dilation, groups)), bias)
 
 
 @op(aten.convolution_backward.default)
@@ -165,7 +193,7 @@ def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation
     grad_input = grad_weight = grad_bias = None
     nd = x.ndim - 2
     if ((output_mask[0] or output_mask[1]) and not transposed and aten_cpu.one_dtype(grad, x, w)
-            and calls_aten(ctx, x, groups)):
+            and calls_aten(ctx, x, w, stride, padding, dilation, groups)):
         grad_input, grad_weight = aten_cpu.convolution_backward(
             grad, x, w, _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups, output_mask[:2],
             channels_last=_channels_last(nd))
@@ -192,13 +220,13 @@ def _conv_bn(ctx, x, w, b, bn_weight, bn_bias, mean, var, eps, stride, padding, 
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     params = [p for p in (b, bn_weight, bn_bias, mean, var) if p is not None]
-    if (calls_aten(ctx, x, groups) and aten_cpu.writes_into(x, w, _channels_last(nd))
+    if (calls_aten(ctx, x, w, stride, padding, dilation, groups) and aten_cpu.writes_into(x, w, _channels_last(nd))
             and all(p.dtype == jnp.float32 for p in params)):
         s = lax.rsqrt(var + eps) * (bn_weight if bn_weight is not None else 1.0)
         folded_w = w * s.reshape((-1,) + (1,) * (w.ndim - 1))
         folded_b = ((b if b is not None else 0.0) - mean) * s + (bn_bias if bn_bias is not None else 0.0)
         return _aten_convolution(x, folded_w, stride, padding, dilation, groups, bias=folded_b, relu=relu)
     y = _add_bias(conv(x, w, stride, padding, dilation, False, None, groups, ctx.platform,
-                       calls_aten(ctx, x, groups)), b)
+                       calls_aten(ctx, x, w, stride, padding, dilation, groups)), b)
     y = _batch_norm_eval(y, bn_weight, bn_bias, mean, var, eps)
     return jnp.maximum(y, jnp.zeros((), y.dtype)) if relu else y
