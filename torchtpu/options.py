@@ -32,8 +32,9 @@ class Options:
             "rowwise" | "replicate" | "sequence"}; None: parameters replicated (data parallel).
         aten_kernels: "auto" (default: on the CPU, convolutions, MoE grouped matmuls and the attention
             backward call ATen's kernels inside the XLA program, see kernels/aten_cpu.py; dense
-            float32 2d convolutions of 32+ input channels stay XLA's, rules/conv.py) or "off"
-            (XLA's own).
+            float32 and bfloat16 2d convolutions of 32+ input channels, convolutions over disjoint
+            patches, and attention backwards with heads 16+ wide and at most 128x128 scores stay
+            XLA's, rules/conv.py and rules/attention.py) or "off" (XLA's own).
         check_indices: True (default): programs check every position they read or write by tensor
             value (embedding, gather, index, scatter, ...) and torch's asserts, and the call raises
             torch's error (IndexError, RuntimeError) for a bad one; False: no checks (XLA then

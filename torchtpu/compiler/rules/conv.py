@@ -151,17 +151,17 @@ def _add_bias(out, bias):
     return out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
 
 
-# A dense float32 2d convolution with at least this many input channels is XLA's own: inside
-# whole programs it ran faster than ATen's kernel (docs/DECISIONS.md 112), whose OpenMP team on
-# XLA's threads costs more than its kernel gains there. Fewer channels give XLA's convolution a
-# contraction too short for its kernels (a 3-channel stem: 4x slower than oneDNN).
+# A dense float32 or bfloat16 2d convolution with at least this many input channels is XLA's own:
+# inside whole programs it ran faster than ATen's kernel (docs/DECISIONS.md 112, 113), whose OpenMP
+# team on XLA's threads costs more than its kernel gains there. Fewer channels give XLA's
+# convolution a contraction too short for its kernels (a 3-channel stem: 4x slower than oneDNN).
 XLA_DENSE_MIN_CHANNELS = 32
 
 
 def calls_aten(ctx, x, w, stride, padding, dilation, groups) -> bool:
     """Whether this convolution (forward and backward alike) calls ATen's kernel on this target."""
     nd = x.ndim - 2
-    xla_is_faster = (groups == 1 and x.ndim == 4 and x.dtype == jnp.float32
+    xla_is_faster = (groups == 1 and x.ndim == 4 and x.dtype in (jnp.float32, jnp.bfloat16)
                      and x.shape[1] >= XLA_DENSE_MIN_CHANNELS)
     patches = cuts_patches(w.shape[2:], _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups)
     return use_aten(ctx) and not xla_is_faster and not patches
