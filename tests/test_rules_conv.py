@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch.nn.utils.parametrizations import weight_norm
 
 import torchtpu
@@ -23,12 +24,6 @@ def _forward_and_grads(module, x, compiled):
     (out * weights).sum().backward()
     grads = {n: p.grad.detach().clone() for n, p in module.named_parameters()}
     return out.detach(), x.grad.detach().clone(), grads
-
-
-def _leaves(tree):
-    """(out, input grad, {name: grad}) as one flat list of tensors, in a fixed order."""
-    out, grad_x, grads = tree
-    return [out, grad_x] + [grads[n] for n in sorted(grads)]
 
 
 def _check_module(module, x, rtol=1.3e-4, atol=1e-4):
@@ -371,7 +366,7 @@ def test_wide_dense_convolutions_are_xlas_own(tmp_path, channels, aten):
     reference = _forward_and_grads(conv, x, None)
     eager = _forward_and_grads(half, x.bfloat16(), None)
     got = _forward_and_grads(half, x.bfloat16(), compile_tpu(half))
-    for g, e, r in zip(_leaves(got), _leaves(eager), _leaves(reference)):
+    for g, e, r in zip(*map(pytree.tree_leaves, (got, eager, reference))):
         g_err, e_err = (g.float() - r).abs(), (e.float() - r).abs()
         assert g_err.mean() <= 1.25 * e_err.mean() + 1e-5 and g_err.max() <= 2 * e_err.max() + 1e-3
 
