@@ -326,3 +326,59 @@ def test_repeats_tiled_in_different_orders_are_refused():
     _close(out, ref)
     assert [s["status"] for s in statuses] == ["exact"]
     assert "merged from padded dims in different orders" in statuses[0]["reason"]
+
+
+def test_batchnorm_training_over_padded_image_sizes():
+    """BatchNorm's backward scales by 1 / (elements per channel), a SymFloat size expression
+    (FloatTrueDiv of IntTrueDiv) that must take the call's true sizes: gradients and running
+    statistics match eager at every image size, one program per bucket."""
+    import copy
+
+    torch.manual_seed(0)
+    ref = torch.nn.BatchNorm2d(8)
+    model = copy.deepcopy(ref)
+    compiled = compile_tpu(model)
+    torchtpu.reset_stats()
+    since = len(events.events())
+    for hw in [(16, 16), (20, 24), (28, 30), (30, 26)]:
+        x = torch.randn(4, 8, *hw)
+        weights = torch.randn(4, 8, *hw)
+        x_ref, x_tpu = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y_ref, y_tpu = ref(x_ref), compiled(x_tpu)
+        (y_ref * weights).sum().backward()
+        (y_tpu * weights).sum().backward()
+        _close(y_tpu, y_ref)
+        torch.testing.assert_close(x_tpu.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
+        for name in ("weight", "bias"):
+            got, want = getattr(model, name).grad, getattr(ref, name).grad
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(model.running_mean, ref.running_mean)
+        torch.testing.assert_close(model.running_var, ref.running_var)
+        ref.zero_grad(), model.zero_grad()
+    statuses = _statuses(since)
+    # The forward normalises over the padded dims, so it runs at exact sizes (a counted refusal);
+    # its backward takes the saved statistics and is bucketed.
+    assert [s["status"] for s in statuses] == ["static", "static", "exact", "bucketed"]
+    assert "normalises over a padded dim" in statuses[2]["reason"]
+    # 16x16: forward and backward; then a forward per size and one backward for the bucket
+    assert torchtpu.stats()["xla_compiles"] == 2 + 3 + 1
+
+
+@pytest.mark.parametrize("expr, env, want", [
+    ("FloatTrueDiv(1.0, IntTrueDiv(512*s0*s1, 16))", {"s0": 2, "s1": 3}, 1.0 / 192),
+    ("ToFloat(s0) * 0.5", {"s0": 5}, 2.5),
+    ("s0**(-2)", {"s0": 4}, 1 / 16),
+    ("PowByNatural(s0, 3) + FloorDiv(s1, 2)", {"s0": 2, "s1": 7}, 11),
+])
+def test_size_expressions_evaluate(expr, env, want):
+    """Size expressions of SymInt and SymFloat arithmetic (torch's sympy functions) evaluate at
+    given sizes, as the padding hooks evaluate them at a call's true sizes."""
+    import sympy
+    from torch.utils._sympy import functions
+
+    from torchtpu.plans import evaluate
+
+    names = {n: getattr(functions, n) for n in ("FloatTrueDiv", "IntTrueDiv", "ToFloat", "PowByNatural", "FloorDiv")}
+    symbols = {n: sympy.Symbol(n, integer=True, positive=True) for n in env}
+    parsed = sympy.sympify(expr, locals={**names, **symbols})
+    assert evaluate(parsed, {symbols[n]: v for n, v in env.items()}) == pytest.approx(want)

@@ -134,7 +134,7 @@ def evaluate(expr, env: dict):
         return expr
     if expr.is_Integer:
         return int(expr)
-    if expr.is_Rational:
+    if expr.is_Number:  # a Rational, or a Float such as SymFloat arithmetic's 1.0
         return float(expr)
     if expr.is_Symbol:
         return env[expr]
@@ -149,16 +149,22 @@ def evaluate(expr, env: dict):
         for a in args[1:]:
             out = out * a
         return out
-    if expr.is_Pow and isinstance(args[1], int) and args[1] >= 0:
-        out = 1
-        for _ in range(args[1]):
-            out = out * args[0]
-        return out
     name = type(expr).__name__
+    if (expr.is_Pow or name == "PowByNatural") and isinstance(args[1], int):
+        out = 1
+        for _ in range(abs(args[1])):
+            out = out * args[0]
+        return out if args[1] >= 0 else 1.0 / out
+    if name in ("FloatTrueDiv", "IntTrueDiv"):  # SymFloat sizes: BatchNorm's 1 / (elements per channel)
+        return args[0] / args[1]
+    if name == "ToFloat":
+        return args[0] * 1.0
+    if name == "Identity":
+        return args[0]
     if name == "FloorDiv":
         return args[0] // args[1]
-    if name in ("CleanDiv", "IntTrueDiv"):
-        return args[0] // args[1] if name == "CleanDiv" else args[0] / args[1]
+    if name == "CleanDiv":
+        return args[0] // args[1]
     if name in ("Mod", "PythonMod"):
         return args[0] % args[1]
     if name in ("Max", "Min") and all(isinstance(a, int) for a in args):
