@@ -13,10 +13,11 @@ import jax.numpy as jnp
 from jax import lax
 import torch
 
+from torchtpu.compiler import dtypes
 from torchtpu.compiler.registry import op
 from torchtpu.compiler.rules.linalg import precision
 from torchtpu.compiler.rules.nn import _batch_norm_eval
-from torchtpu.compiler.rules.reduction import accumulate_dtype
+from torchtpu.compiler.rules.reduction import accumulate_dtype, sum_
 from torchtpu.kernels import aten_cpu
 from torchtpu.kernels import ops as _fused_ops  # noqa: F401  (defines torch.ops.torchtpu.conv_bn)
 
@@ -167,6 +168,24 @@ def calls_aten(ctx, x, w, stride, padding, dilation, groups) -> bool:
     return use_aten(ctx) and not xla_is_faster and not patches
 
 
+def writes_channels_minor(node, ctx) -> bool:
+    """Whether an FX convolution (`aten.convolution`, or `convolution_backward` for its input
+    gradient) runs as ATen's channels-last kernel here, so that XLA keeps its result
+    channels-minor in memory (decision 40)."""
+    if node.target is aten.convolution_backward.default:
+        _, x, w, _, stride, padding, dilation, transposed, _, groups, _ = node.args
+    elif node.target in (aten.convolution.default, aten._convolution.default):
+        x, w, _, stride, padding, dilation, transposed, _, groups = node.args[:9]
+    else:
+        return False
+    vals = [getattr(v, "meta", {}).get("val") for v in (x, w)]
+    if not all(isinstance(v, torch.Tensor) and all(type(d) is int for d in v.shape) for v in vals):
+        return False  # no metadata, or a symbolic size (reading it would add a guard)
+    x, w = (jax.ShapeDtypeStruct(tuple(v.shape), dtypes.to_jax(v.dtype)) for v in vals)
+    return (not transposed and _channels_last(x.ndim - 2) and aten_cpu.one_dtype(x, w)
+            and calls_aten(ctx, x, w, stride, padding, dilation, groups))
+
+
 def use_aten(ctx) -> bool:
     """ATen's CPU kernels for this program: the CPU target, not partitioned, not turned off."""
     return (ctx.platform == "cpu" and ctx.options.aten_kernels == "auto" and ctx.options.mesh is None
@@ -207,7 +226,7 @@ def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation
         grad_input = grad_input if output_mask[0] else None
         grad_weight = grad_weight if output_mask[1] else None
     if output_mask[2]:
-        grad_bias = jnp.sum(grad.astype(acc), axis=(0,) + tuple(range(2, grad.ndim)))
+        grad_bias = sum_(grad.astype(acc), (0,) + tuple(range(2, grad.ndim)), ctx=ctx, source=ctx.node.args[0])
     return grad_input, grad_weight, grad_bias
 
 

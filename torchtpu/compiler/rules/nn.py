@@ -11,7 +11,7 @@ import torch
 
 from torchtpu import kernels
 from torchtpu.compiler.registry import op
-from torchtpu.compiler.rules.reduction import accumulate_dtype
+from torchtpu.compiler.rules.reduction import accumulate_dtype, sum_
 from torchtpu.kernels import norms
 from torchtpu.kernels import ops as _fused_ops  # noqa: F401  (defines torch.ops.torchtpu.rms_norm)
 
@@ -107,12 +107,16 @@ def _bn_shape(x):
     return (1, -1) + (1,) * (x.ndim - 2)
 
 
-def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):
+def _channel_sum(v, ctx):
+    return sum_(v, tuple(i for i in range(v.ndim) if i != 1), ctx=ctx, source=ctx and ctx.node.args[0])
+
+
+def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, ctx=None):
     acc = accumulate_dtype(x.dtype)
-    axes = tuple(i for i in range(x.ndim) if i != 1)
     xf = x.astype(acc)
-    mean = jnp.mean(xf, axis=axes)
-    var = jnp.mean(jnp.square(xf - mean.reshape(_bn_shape(x))), axis=axes)
+    n = x.size // x.shape[1]
+    mean = _channel_sum(xf, ctx) / n
+    var = _channel_sum(jnp.square(xf - mean.reshape(_bn_shape(x))), ctx) / n
     invstd = lax.rsqrt(var + eps)
     out = (xf - mean.reshape(_bn_shape(x))) * invstd.reshape(_bn_shape(x))
     if weight is not None:
@@ -121,7 +125,6 @@ def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
         out = out + bias.astype(acc).reshape(_bn_shape(x))
     new_rm = new_rv = None
     if running_mean is not None:
-        n = x.size // x.shape[1]
         unbiased = var * (n / max(n - 1, 1))
         new_rm = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
         new_rv = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
@@ -148,7 +151,7 @@ def _bn_legit_functional(ctx, x, weight, bias, running_mean, running_var, traini
     if not training:
         out = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
         return out, _empty_stats(x), _empty_stats(x), running_mean, running_var
-    out, mean, invstd, rm, rv = _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
+    out, mean, invstd, rm, rv = _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, ctx)
     return out, mean, invstd, rm, rv
 
 
@@ -157,13 +160,13 @@ def _bn_legit(ctx, x, weight, bias, running_mean, running_var, training, momentu
     # Only reached without functionalization; running stats are not written back here.
     if not training:
         return _batch_norm_eval(x, weight, bias, running_mean, running_var, eps), _empty_stats(x), _empty_stats(x)
-    out, mean, invstd, _, _ = _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
+    out, mean, invstd, _, _ = _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, ctx)
     return out, mean, invstd
 
 
 @op(aten._native_batch_norm_legit.no_stats)
 def _bn_legit_no_stats(ctx, x, weight, bias, training, momentum, eps):
-    out, mean, invstd, _, _ = _batch_norm_train(x, weight, bias, None, None, momentum, eps)
+    out, mean, invstd, _, _ = _batch_norm_train(x, weight, bias, None, None, momentum, eps, ctx)
     return out, mean, invstd
 
 
@@ -186,8 +189,8 @@ def _native_batch_norm_backward(ctx, grad, x, weight, running_mean, running_var,
     xhat = (x.astype(acc) - mean.reshape(shape)) * invstd.reshape(shape)
     w = weight.astype(acc) if weight is not None else jnp.ones_like(mean)
     n = x.size // x.shape[1]
-    sum_g = jnp.sum(g, axis=axes)
-    sum_gx = jnp.sum(g * xhat, axis=axes)
+    sum_g = _channel_sum(g, ctx)
+    sum_gx = _channel_sum(g * xhat, ctx)
     if train:
         dx = (w * invstd).reshape(shape) * (g - (sum_g / n).reshape(shape) - xhat * (sum_gx / n).reshape(shape))
     else:

@@ -1,6 +1,8 @@
 """Reductions: sum/mean/prod/amax/amin/any/all/var, arg-reductions, cumulative ops, softmax."""
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -28,16 +30,78 @@ def accumulate_dtype(out_dtype):
     return jnp.float32 if out_dtype in _LOW_PRECISION else out_dtype
 
 
+def per_channel(x, axis) -> bool:
+    """Whether `axis` is every dim of x but dim 1: a per-channel sum over an image batch."""
+    return x.ndim >= 3 and axis is not None and sorted(axis) == [0] + list(range(2, x.ndim))
+
+
+def from_convolution(node, ctx, hops: int = 8) -> bool:
+    """Whether an FX value is the result of one of ATen's channels-last convolutions, or the
+    input gradient of one, reached through pointwise ops only (a bias, a normalisation's affine,
+    an activation or its gradient): such an array is channels-minor in memory on the CPU."""
+    from torchtpu.compiler.rules.conv import writes_channels_minor  # conv.py imports this module
+
+    frontier, seen = [node], set()
+    for _ in range(hops):
+        ahead = []
+        for n in frontier:
+            if not isinstance(n, torch.fx.Node) or n.op != "call_function" or n in seen:
+                continue
+            seen.add(n)
+            t = n.target
+            if t is operator.getitem and isinstance(n.args[0], torch.fx.Node) and n.args[1] == 0:
+                if writes_channels_minor(n.args[0], ctx):
+                    return True
+            elif writes_channels_minor(n, ctx):
+                return True
+            elif (isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags) or (
+                    t is aten._to_copy.default and set(n.kwargs) <= {"dtype"}):  # a bfloat16 graph's casts
+                ahead.extend(a for a in n.args if isinstance(a, torch.fx.Node))
+        frontier = ahead
+    return False
+
+
+def by_rows(x, axis, ctx, source) -> bool:
+    """Whether `sum_` sums x by image rows: on the CPU, a per-channel sum of a float image
+    batch that one of ATen's channels-last convolutions produced (`source`, its FX node)."""
+    return (ctx is not None and ctx.platform == "cpu" and source is not None and per_channel(x, axis)
+            and jnp.issubdtype(x.dtype, jnp.floating) and from_convolution(source, ctx))
+
+
+def sum_(x, axis, keepdims=False, ctx=None, source=None):
+    """jnp.sum, or where `by_rows`, a batch of products with ones, then a sum of the rows.
+
+    XLA keeps a channels-last convolution's result channels-minor (NHWC in memory), and
+    XLA:CPU's reduction kernels take row-major operands only, so a sum over N, H and W copied
+    the batch into NCHW order first (a BatchNorm's statistics, their gradients, a bias
+    gradient). As the right operand of products batched over N and every spatial dim but the
+    last, contracted over the last, the batch is read in the order it already has. One
+    product over all N*H*W rows would lose digits (one long accumulation); the per-row partial
+    sums are summed as before, which keeps torch's accuracy (docs/DECISIONS.md 115)."""
+    if not by_rows(x, axis, ctx, source):
+        return jnp.sum(x, axis=axis, keepdims=keepdims)
+    last = x.ndim - 1
+    rows = (0,) + tuple(range(2, last))  # N and the spatial dims but the last
+    ones = jnp.ones([x.shape[i] for i in rows] + [x.shape[last]], x.dtype)
+    part = lax.dot_general(ones, x, (((len(rows),), (last,)), (tuple(range(len(rows))), rows)),
+                           precision=lax.Precision.HIGHEST, preferred_element_type=x.dtype)
+    out = jnp.sum(part, axis=tuple(range(len(rows))))  # [rows..., C] partial sums, row-major
+    return out.reshape([1, -1] + [1] * (x.ndim - 2)) if keepdims else out
+
+
 @op(aten.sum.dim_IntList, aten.sum.default)
 def _sum(ctx, x, dim=None, keepdim=False, *, dtype=None):
     acc = accumulate_dtype(ctx.out_dtype)
-    return jnp.sum(x.astype(acc), axis=axes(x, dim), keepdims=keepdim)
+    return sum_(x.astype(acc), axes(x, dim), keepdim, ctx, ctx.node.args[0])
 
 
 @op(aten.mean.dim, aten.mean.default)
 def _mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
     acc = accumulate_dtype(ctx.out_dtype)
-    return jnp.mean(x.astype(acc), axis=axes(x, dim), keepdims=keepdim)
+    axis = axes(x, dim)
+    if by_rows(x, axis, ctx, ctx.node.args[0]):
+        return sum_(x.astype(acc), axis, keepdim, ctx, ctx.node.args[0]) / (x.size // x.shape[1])
+    return jnp.mean(x.astype(acc), axis=axis, keepdims=keepdim)
 
 
 @op(aten.prod.dim_int, aten.prod.default)
