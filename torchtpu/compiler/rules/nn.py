@@ -108,6 +108,7 @@ def _bn_shape(x):
 
 
 def _channel_sum(v, ctx):
+    """Per-channel sum of v, an array computed from the rule's first argument (`sum_`)."""
     return sum_(v, tuple(i for i in range(v.ndim) if i != 1), ctx=ctx, source=ctx and ctx.node.args[0])
 
 
@@ -180,7 +181,6 @@ def _native_batch_norm_backward(ctx, grad, x, weight, running_mean, running_var,
                                 train, eps, output_mask):
     acc = accumulate_dtype(x.dtype)
     shape = _bn_shape(x)
-    axes = tuple(i for i in range(x.ndim) if i != 1)
     if train:
         mean, invstd = save_mean.astype(acc), save_invstd.astype(acc)
     else:
