@@ -330,8 +330,9 @@ def test_repeats_tiled_in_different_orders_are_refused():
 
 def test_batchnorm_training_over_padded_image_sizes():
     """BatchNorm's backward scales by 1 / (elements per channel), a SymFloat size expression
-    (FloatTrueDiv of IntTrueDiv) that must take the call's true sizes: gradients and running
-    statistics match eager at every image size, one program per bucket."""
+    (FloatTrueDiv of IntTrueDiv) that must take the call's true sizes: outputs, gradients and
+    running statistics match eager at every image size; the forward runs at exact sizes and the
+    backward once per bucket."""
     import copy
 
     torch.manual_seed(0)

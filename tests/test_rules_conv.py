@@ -408,7 +408,7 @@ def test_per_channel_sums_of_convolutions_read_rows_on_the_cpu(tmp_path, dtype):
     convolution's result (or its input gradient, through pointwise ops) is a batch of products
     with ones over the image rows, then a sum of the rows (docs/DECISIONS.md 115). Training
     matches eager: outputs, gradients and running statistics (float32 within its tolerance;
-    bfloat16 about as far from float32 as eager bfloat16). The TPU target keeps reductions."""
+    bfloat16 within three times its own spread from float32). The TPU target keeps reductions."""
     model, x = _conv_bn_stack(dtype)
     eager_model = copy.deepcopy(model)
     compiled = compile_tpu(model, options={"dump_dir": str(tmp_path)})

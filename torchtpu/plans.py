@@ -161,9 +161,7 @@ def evaluate(expr, env: dict):
         return args[0] * 1.0
     if name == "Identity":
         return args[0]
-    if name == "FloorDiv":
-        return args[0] // args[1]
-    if name == "CleanDiv":
+    if name in ("FloorDiv", "CleanDiv"):
         return args[0] // args[1]
     if name in ("Mod", "PythonMod"):
         return args[0] % args[1]

@@ -80,6 +80,11 @@ def sum_(x, axis, keepdims=False, ctx=None, source=None):
     sums are summed as before, which keeps torch's accuracy (docs/DECISIONS.md 115)."""
     if not by_rows(x, axis, ctx, source):
         return jnp.sum(x, axis=axis, keepdims=keepdims)
+    return _sum_by_rows(x, keepdims)
+
+
+def _sum_by_rows(x, keepdims):
+    """The per-channel sum of `sum_`'s docstring, by image rows (no check of where x came from)."""
     last = x.ndim - 1
     rows = (0,) + tuple(range(2, last))  # N and the spatial dims but the last
     ones = jnp.ones([x.shape[i] for i in rows] + [x.shape[last]], x.dtype)
@@ -100,7 +105,7 @@ def _mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
     acc = accumulate_dtype(ctx.out_dtype)
     axis = axes(x, dim)
     if by_rows(x, axis, ctx, ctx.node.args[0]):
-        return sum_(x.astype(acc), axis, keepdim, ctx, ctx.node.args[0]) / (x.size // x.shape[1])
+        return _sum_by_rows(x.astype(acc), keepdim) / (x.size // x.shape[1])
     return jnp.mean(x.astype(acc), axis=axis, keepdims=keepdim)
 
 
