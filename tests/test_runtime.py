@@ -132,6 +132,57 @@ def test_training_step_with_resident_parameters_matches_eager(resident_parameter
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+def test_saved_parameters_and_inputs_are_the_callers_tensors():
+    """A forward graph returns the parameters and inputs its backward saves; they come back as
+    the caller's own tensors, not copies made by the program (runtime/passthrough.py): as in
+    eager, an in-place change between forward and backward is then an error, not a stale copy."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    reference.load_state_dict(model.state_dict())
+    compiled = compile_tpu(model)
+    x = torch.randn(5, 8)
+    out = compiled(x)
+    saved = out.grad_fn.saved_tensors
+    assert any(t is model[2].weight for t in saved)  # the second layer's weight, for the input grad
+    assert any(t.data_ptr() == x.data_ptr() for t in saved)  # the input, for the first weight's grad
+    for _ in range(3):  # the outputs the program still returns (activations) keep their places
+        for m in (model, reference):
+            m.zero_grad()
+        compiled(x).square().sum().backward()
+        reference(x).square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    out = compiled(x)
+    with torch.no_grad():
+        model[2].weight.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_passthrough_split_takes_input_outputs_and_puts_them_back():
+    from torchtpu.runtime import passthrough
+
+    def f(a, b, n):
+        return a, a * 2, b, a
+    gm = torch.fx.symbolic_trace(f)
+    for node, value in zip(gm.graph.find_nodes(op="placeholder"), (torch.ones(2), torch.zeros(3), 4)):
+        node.meta["val"] = value
+    pairs = passthrough.split(gm)
+    assert pairs == ((0, 0), (2, 1), (3, 0))
+    assert passthrough.shifted(3, pairs) == 1 and passthrough.shifted(None, pairs) is None
+    a, b = torch.randn(2), torch.randn(3)
+
+    def program(args):  # clears its argument list, as the compiled runners do
+        out = [args[0] * 2]
+        args.clear()
+        return out
+    got = passthrough.wrap(program, pairs)([a, b, 4])
+    assert got[0] is a and got[2] is b and got[3] is a
+    torch.testing.assert_close(got[1], a * 2)
+    assert passthrough.wrap(program, ()) is program
+
+
 def _call_paths():
     return [e for e in events.events() if e["kind"] == "call_path"]
 

@@ -18,7 +18,7 @@ from torchtpu.compiler.driver import compile_graph
 from torchtpu.options import Options
 from torchtpu.precompile.output_code import CachedSignature, TpuOutputCode
 from torchtpu.precompile.saved_graph import SavedGraph
-from torchtpu.runtime import lean
+from torchtpu.runtime import lean, passthrough
 from torchtpu.runtime.executable import CompiledGraph
 
 
@@ -65,27 +65,37 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options, serializab
     inference = {}
 
     def compiler(name):
-        def build(aten_gm, aten_inputs):
-            """(the graph's runner, the positions of its resident inputs)."""
+        def build(aten_gm, aten_inputs, pairs):
+            """(the graph's runner, the positions of its resident inputs); `pairs`: the outputs
+            `passthrough.split` took out of the forward graph."""
             counters.bump("aot_graphs")
             meta = _fw_metadata()
             resident = _resident(meta, name)
             runner = compile_graph(aten_gm, aten_inputs, opts, name=name, spmd_inputs=spmd_inputs,
                                    resident=resident)
             if name == "forward" and meta is not None and isinstance(runner, CompiledGraph):
-                runner.dense_outputs_from = len(meta.tokens) + meta.num_forward  # the saved activations
+                # the saved activations, among the outputs the program still returns
+                runner.dense_outputs_from = passthrough.shifted(len(meta.tokens) + meta.num_forward, pairs)
             if name == "inference":
                 inference.update(runner=runner, meta=meta, inputs=len(aten_gm.graph.find_nodes(op="placeholder")))
             return runner, resident
 
+        def taken(aten_gm):
+            """The forward's saved primals come back as the caller's tensors (runtime/passthrough.py)."""
+            return passthrough.split(aten_gm) if name == "forward" else ()
+
         if not serializable:
-            return lambda aten_gm, aten_inputs: build(aten_gm, aten_inputs)[0]
+            def compile_fn(aten_gm, aten_inputs):
+                pairs = taken(aten_gm)
+                return passthrough.wrap(build(aten_gm, aten_inputs, pairs)[0], pairs)
+            return compile_fn
 
         def output_code_fn(aten_gm, aten_inputs):
+            pairs = taken(aten_gm)
             saved = SavedGraph.of(aten_gm, aten_inputs)  # before the passes change the graph
-            runner, resident = build(aten_gm, aten_inputs)
+            runner, resident = build(aten_gm, aten_inputs, pairs)
             return TpuOutputCode(saved, opts, name, resident, getattr(runner, "dense_outputs_from", None),
-                                 CachedSignature.of(runner), runner)
+                                 CachedSignature.of(runner), passthrough.wrap(runner, pairs), pairs)
         return SerializableAOTDispatchCompiler(TpuOutputCode, output_code_fn)
 
     wrapped = aot_module_simplified(

@@ -54,6 +54,8 @@ class TpuOutputCode(OutputCode):
         dense_outputs_from: see CompiledGraph.dense_outputs_from.
         cached: for a static graph, where its executable is in the cache.
         runner: the live runner (None in the artifact until post_compile rebuilds it).
+        passthrough: the outputs taken out of `graph` because they are its inputs
+            (runtime/passthrough.py `split`); the runner's results get them back.
     """
 
     graph: SavedGraph
@@ -63,6 +65,7 @@ class TpuOutputCode(OutputCode):
     dense_outputs_from: int | None
     cached: CachedSignature | None = None
     runner: Callable | None = None
+    passthrough: tuple = ()
 
     def __post_init__(self):
         self._boxed_call = True  # AOTAutograd calls it with the argument list (boxed)
@@ -87,7 +90,9 @@ class TpuOutputCode(OutputCode):
         pass
 
     def rebuild(self) -> None:
-        self.runner = self._from_cache() or self._compile()
+        from torchtpu.runtime import passthrough
+
+        self.runner = passthrough.wrap(self._from_cache() or self._compile(), self.passthrough)
 
     def _from_cache(self) -> Callable | None:
         """The static graph's runner with its executable from the cache, or None on a miss."""
