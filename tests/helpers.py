@@ -1,12 +1,27 @@
 """Test helpers shared by every test module (one copy, imported everywhere)."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch._dynamo
 from torch.utils import _pytree as pytree
+
+
+@contextlib.contextmanager
+def fresh_caches(folder):
+    """What compiles inside starts from empty compile caches: the memory tier cleared, the disk tier
+    at `folder`. A dump is written as a program compiles, and another test's graph can be the same
+    program (a training forward whose saved inputs are the caller's tensors is its inference graph)."""
+    from torchtpu.cache import tiers
+
+    tiers.MEMORY.clear()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TORCHTPU_CACHE_DIR", str(folder))
+        yield
 
 
 def compile_tpu(fn, **kwargs):

@@ -12,7 +12,7 @@ import torch.utils._pytree as pytree
 from torch.nn.utils.parametrizations import weight_norm
 
 import torchtpu
-from helpers import assert_close_tree, assert_matches_eager, compile_tpu
+from helpers import assert_close_tree, assert_matches_eager, compile_tpu, fresh_caches
 
 
 def _forward_and_grads(module, x, compiled):
@@ -194,7 +194,8 @@ NEEDS_CXX = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is Non
 
 
 def _stablehlo(fn, x, tmp_path, **options):
-    compile_tpu(fn, options={"dump_dir": str(tmp_path), **options})(x)
+    with fresh_caches(tmp_path / "cache"):
+        compile_tpu(fn, options={"dump_dir": str(tmp_path), **options})(x)
     return "\n".join(p.read_text() for p in tmp_path.glob("*.stablehlo.mlir"))
 
 

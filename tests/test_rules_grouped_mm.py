@@ -17,7 +17,7 @@ import torchtpu
 from torchtpu import events
 from torchtpu.compiler.rules.grouped_mm import grouped_mm
 from torchtpu.options import Options
-from helpers import assert_close_tree, compile_tpu, grads_of
+from helpers import assert_close_tree, compile_tpu, fresh_caches, grads_of
 
 transformers = pytest.importorskip("transformers")
 from transformers.integrations import moe as _hf_moe  # noqa: E402,F401  (defines torch.ops.transformers.*)
@@ -248,9 +248,9 @@ _ATEN = pytest.mark.skipif(not __import__("torchtpu.kernels.aten_cpu", fromlist=
 
 
 def _programs(fn, inputs, tmp_path, **options) -> tuple:
-    """fn compiled with these options: its result and its StableHLO text."""
+    """fn compiled with these options, from empty caches: its result and its StableHLO text."""
     torch._dynamo.reset()
-    with torch.no_grad():
+    with fresh_caches(tmp_path / "cache"), torch.no_grad():
         out = compile_tpu(fn, options={"dump_dir": str(tmp_path), **options})(*inputs)
     return out, "\n".join(p.read_text() for p in tmp_path.glob("*.stablehlo.mlir"))
 
