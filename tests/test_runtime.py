@@ -183,6 +183,74 @@ def test_passthrough_split_takes_input_outputs_and_puts_them_back():
     assert passthrough.wrap(program, ()) is program
 
 
+class _Heads(torch.nn.Module):
+    """A projection seen as attention heads (saved row-major), and convolutions ATen runs
+    channels-last with a BatchNorm between them, whose activations XLA keeps channels-minor."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(32, 64)
+        self.conv, self.norm, self.conv2 = (torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                                            torch.nn.Conv2d(8, 8, 3, padding=1))
+
+    def forward(self, x, image):
+        q = self.proj(x).view(4, 10, 4, 16).permute(0, 2, 1, 3)
+        attended = (q @ q.transpose(-1, -2)).softmax(-1) @ q
+        features = self.conv2(torch.relu(self.norm(self.conv(image))))
+        return attended.pow(2).mean() + features.pow(2).mean()
+
+
+def test_saved_activations_keep_the_layout_xla_computes_them_in(monkeypatch):
+    """The forward hands the saved activations XLA computes channels-minor back in that layout
+    (strided tensors), and the backward is compiled to read it: no copy either side, torch's
+    gradients (layout.BoundaryLayouts)."""
+    from torchtpu.runtime import transfer
+
+    imported = {"view": 0, "copy": 0}
+    in_order = transfer.in_order
+
+    def counting(t, order):
+        out = in_order(t, order)
+        imported["view" if out.data_ptr() == t.data_ptr() else "copy"] += 1
+        return out
+
+    monkeypatch.setattr(transfer, "in_order", counting)
+    model = _Heads()
+    reference = _Heads()
+    x, image = torch.randn(4, 10, 32), torch.randn(2, 4, 12, 12)
+    compiled = compile_tpu(model)
+    for _ in range(2):
+        for m in (model, reference):
+            m.zero_grad()
+        loss = compiled(x, image)
+        saved = loss.grad_fn.saved_tensors
+        loss.backward()
+        reference(x, image).backward()
+        torch.testing.assert_close(loss, reference(x, image))
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    assert any(t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+               for t in saved)  # channels-minor, as XLA computed them
+    assert imported["copy"] == 0 and imported["view"] >= 2, imported  # read in place by the backward
+
+
+def test_an_input_in_another_layout_than_the_program_reads_is_copied_into_it():
+    """PJRT does not check a buffer's layout against the program's: the import must give each
+    input the layout its executable was compiled for, whatever the tensor's strides."""
+    from torchtpu.runtime import transfer
+
+    order = (0, 2, 1, 3)
+    assert transfer.strides_in_order((2, 3, 4, 5), order) == (60, 5, 15, 1)
+    laid_out = torch.randn(2, 4, 3, 5).permute(0, 2, 1, 3)  # dims 1 and 2 swapped in memory
+    assert transfer.in_order(laid_out, order).data_ptr() == laid_out.data_ptr()
+    for other in (torch.randn(2, 3, 4, 5), torch.randn(2, 5, 4, 3).permute(0, 3, 2, 1)):
+        moved = transfer.in_order(other, order)
+        assert moved.stride() == (60, 5, 15, 1) and torch.equal(moved, other)
+    one = torch.randn(2, 1, 4, 5)  # a size-1 dim's stride is free: a view with the program's
+    assert transfer.in_order(one, order).data_ptr() == one.data_ptr()
+
+
 def _call_paths():
     return [e for e in events.events() if e["kind"] == "call_path"]
 

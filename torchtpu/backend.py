@@ -18,7 +18,7 @@ from torchtpu.compiler.driver import compile_graph
 from torchtpu.options import Options
 from torchtpu.precompile.output_code import CachedSignature, TpuOutputCode
 from torchtpu.precompile.saved_graph import SavedGraph
-from torchtpu.runtime import lean, passthrough
+from torchtpu.runtime import boundary, lean, passthrough
 from torchtpu.runtime.executable import CompiledGraph
 
 
@@ -63,39 +63,49 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options, serializab
     spmd_inputs = spmd.graph_inputs(gm, opts.tp_plan) if opts.mesh is not None else None
 
     inference = {}
+    saved = {}  # the forward's saved tensors' layouts, for its backward (runtime/boundary.py)
 
     def compiler(name):
-        def build(aten_gm, aten_inputs, pairs):
-            """(the graph's runner, the positions of its resident inputs); `pairs`: the outputs
-            `passthrough.split` took out of the forward graph."""
+        def prepare(aten_gm, aten_inputs):
+            """(the outputs `passthrough.split` took out of a forward graph, the graph's boundary
+            layouts), before the graph is compiled."""
+            if name == "forward":
+                outputs = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+                           for a in aten_gm.graph.find_nodes(op="output")[0].args[0]]
+                pairs = passthrough.split(aten_gm)  # the saved primals: the caller's own tensors
+                saved.update(outputs=outputs, pairs=pairs)
+                return pairs, boundary.forward(_fw_metadata(), pairs)
+            if name == "backward":
+                return (), boundary.backward(saved.get("layouts"), aten_inputs)
+            return (), None
+
+        def build(aten_gm, aten_inputs, pairs, layouts):
+            """(the graph's runner, the positions of its resident inputs)."""
             counters.bump("aot_graphs")
             meta = _fw_metadata()
             resident = _resident(meta, name)
             runner = compile_graph(aten_gm, aten_inputs, opts, name=name, spmd_inputs=spmd_inputs,
-                                   resident=resident)
+                                   resident=resident, boundary=layouts)
             if name == "forward" and meta is not None and isinstance(runner, CompiledGraph):
                 # the saved activations, among the outputs the program still returns
                 runner.dense_outputs_from = passthrough.shifted(len(meta.tokens) + meta.num_forward, pairs)
+                saved["layouts"] = boundary.saved(saved["outputs"], meta, pairs, runner)
             if name == "inference":
                 inference.update(runner=runner, meta=meta, inputs=len(aten_gm.graph.find_nodes(op="placeholder")))
             return runner, resident
 
-        def taken(aten_gm):
-            """The forward's saved primals come back as the caller's tensors (runtime/passthrough.py)."""
-            return passthrough.split(aten_gm) if name == "forward" else ()
-
         if not serializable:
             def compile_fn(aten_gm, aten_inputs):
-                pairs = taken(aten_gm)
-                return passthrough.wrap(build(aten_gm, aten_inputs, pairs)[0], pairs)
+                pairs, layouts = prepare(aten_gm, aten_inputs)
+                return passthrough.wrap(build(aten_gm, aten_inputs, pairs, layouts)[0], pairs)
             return compile_fn
 
         def output_code_fn(aten_gm, aten_inputs):
-            pairs = taken(aten_gm)
-            saved = SavedGraph.of(aten_gm, aten_inputs)  # before the passes change the graph
-            runner, resident = build(aten_gm, aten_inputs, pairs)
-            return TpuOutputCode(saved, opts, name, resident, getattr(runner, "dense_outputs_from", None),
-                                 CachedSignature.of(runner), passthrough.wrap(runner, pairs), pairs)
+            pairs, layouts = prepare(aten_gm, aten_inputs)
+            graph = SavedGraph.of(aten_gm, aten_inputs)  # before the passes change the graph
+            runner, resident = build(aten_gm, aten_inputs, pairs, layouts)
+            return TpuOutputCode(graph, opts, name, resident, getattr(runner, "dense_outputs_from", None),
+                                 CachedSignature.of(runner), passthrough.wrap(runner, pairs), pairs, layouts)
         return SerializableAOTDispatchCompiler(TpuOutputCode, output_code_fn)
 
     wrapped = aot_module_simplified(

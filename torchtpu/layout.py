@@ -36,3 +36,37 @@ class ProgramLayout:
     def of(cls, program) -> "ProgramLayout":
         return cls(list(program.tensor_inputs), bool(program.uses_rng), list(program.outputs),
                    list(program.checks))
+
+
+BOUNDARY = "torchtpu_boundary_layouts"  # where a graph's BoundaryLayouts is kept (gm.meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryLayouts:
+    """Memory layouts at the boundary between a forward program and its backward, on the CPU.
+
+    The activations a forward saves are read only by its backward. XLA computes many of them in
+    another order than row-major (a channels-last convolution's result is NHWC; a linear layer's
+    output seen as attention heads is [B, S, H, D] in memory), so a row-major result costs a
+    transposing copy in the forward and often another back in the backward. With this, the
+    forward lets XLA choose its saved results' layouts (torch sees strided tensors, through
+    DLPack), and the backward takes those inputs in the same layouts (docs/DECISIONS.md 117).
+
+    Args:
+        saved_from: a forward's output position from which its results are saved activations
+            (None: every result row-major).
+        chosen: per saved tensor result, in order, whether XLA chooses its layout (one it is
+            known to compute channels-minor); the others stay row-major.
+        inputs: (argument position, major-to-minor dim order) of a backward's inputs that arrive
+            in a non-row-major layout; the program is compiled to read them so.
+    """
+
+    saved_from: int | None = None
+    chosen: tuple[bool, ...] = ()
+    inputs: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def __bool__(self) -> bool:
+        return any(self.chosen) or bool(self.inputs)
+
+    def key(self) -> str:
+        return f"saved_from={self.saved_from} chosen={list(self.chosen)} inputs={list(self.inputs)}"

@@ -10,6 +10,7 @@ import torch
 from torchtpu.cache import versions
 from torchtpu.cache.canonical import Unkeyable, canonical_graph
 from torchtpu.compiler.spec import TensorSpec
+from torchtpu.layout import BOUNDARY
 from torchtpu.runtime.target import Target
 
 
@@ -56,8 +57,10 @@ def graph_parts(gm: torch.fx.GraphModule, spec: tuple) -> tuple[KeyPart, ...]:
     """The parts of a key the graph and its signature fix (a precompiled artifact keeps them)."""
     graph = _graph_text(gm)
     ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
-    return (_part("format", str(versions.FORMAT_VERSION)), _part("graph", graph, f"{ops} ops"),
-            _part("inputs", input_specs(spec)))
+    parts = (_part("format", str(versions.FORMAT_VERSION)), _part("graph", graph, f"{ops} ops"),
+             _part("inputs", input_specs(spec)))
+    boundary = gm.meta.get(BOUNDARY)
+    return parts + (_part("boundary_layouts", boundary.key()),) if boundary else parts
 
 
 def with_environment(graph: tuple[KeyPart, ...], options, target: Target) -> CacheKey:

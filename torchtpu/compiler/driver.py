@@ -1,17 +1,20 @@
 """compile_graph: the one driver from an ATen FX graph to a runnable executable."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 
 import jax
 import torch
+from jax.experimental.layout import Format, Layout
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from torchtpu import cache, counters, events, spmd
+from torchtpu import cache, counters, events, plans, spmd
 from torchtpu.compiler import dump
-from torchtpu.compiler.lower import to_jax_program
+from torchtpu.compiler.lower import saved_channels_minor, to_jax_program
 from torchtpu.compiler.spec import describe, is_static, spec_of
+from torchtpu.layout import BOUNDARY, BoundaryLayouts
 from torchtpu.options import Options
 from torchtpu.passes import defer_and_fuse, run_passes
 from torchtpu.runtime import bucketed, fused, heap, target as targets
@@ -22,7 +25,8 @@ _graph_ids = itertools.count()
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | None = None,
                   name: str = "graph", spmd_inputs: spmd.GraphInputs | None = None,
-                  resident: frozenset[int] = frozenset()) -> CompiledGraph:
+                  resident: frozenset[int] = frozenset(),
+                  boundary: BoundaryLayouts | None = None) -> CompiledGraph:
     """Compiles an ATen FX graph (as AOTAutograd hands it over) for the process's platform.
 
     Args:
@@ -32,6 +36,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
         name: shown in dumps and the compile-event record.
         spmd_inputs: which inputs are which parameters (with the mesh option; from the backend).
         resident: positions of the inputs that are parameters or buffers (kept on the device).
+        boundary: a forward's or backward's layouts at their boundary (the backend's; used on a
+            static CPU graph over CPU tensors, else ignored).
 
     Returns:
         A boxed callable (takes the argument list) that returns the graph's outputs as
@@ -50,13 +56,21 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
     placement = spmd.placement_for(gm, options, spmd_inputs, target)  # mesh option: input shardings, else None
 
     waits = on_host(example_inputs)  # the caller waits for the results (short programs run on its thread)
+    if not (boundary is not None and target.platform == "cpu" and device is not None and placement is None
+            and waits and is_static(example_inputs) and gm.meta.get(plans.PLAN) is None):
+        boundary = None
+    elif boundary.saved_from is not None:  # a forward: which saved results XLA lays out its way
+        chosen = saved_channels_minor(gm, boundary.saved_from, target.platform, options)
+        boundary = dataclasses.replace(boundary, chosen=chosen) if any(chosen) else None
+    if boundary:  # part of the cache key (cache/key.py graph_parts)
+        gm.meta[BOUNDARY] = boundary
 
     def build(spec: tuple) -> Executable:
         key = cache.key_for(gm, spec, options, target, name)         # 2. cache key (None: bypass, logged)
         exe = cache.lookup(key, target, device, name, waits)         # 3. memory -> disk
         if exe is not None:
             return exe
-        program = to_jax_program(gm, spec, target.platform, options, device)  # 4. ATen -> JAX function
+        program = to_jax_program(gm, spec, target.platform, options, device, boundary)  # 4. ATen -> JAX function
         lowered, compiled, lower_s, compile_s = _lower_and_compile(program, placement, spec,  # 5. StableHLO, 6. XLA
                                                                    options.xla_options)
         counters.bump("xla_compiles")
@@ -105,7 +119,10 @@ def _lower_and_compile(program, placement=None, spec=(), xla_options=()):
     avals = program.avals if placement is None else spmd.sharded_avals(program, placement, spec)
     t0 = time.perf_counter()
     with jax.enable_x64(True):
-        lowered = jax.jit(program.fn, keep_unused=True).trace(*avals).lower()
+        # a forward's saved activations that XLA computes channels-minor come back so
+        out_shardings = None if program.saved_layouts is None else (
+            None, tuple(Format(Layout.AUTO) if chosen else None for chosen in program.saved_layouts), None)
+        lowered = jax.jit(program.fn, keep_unused=True, out_shardings=out_shardings).trace(*avals).lower()
         t1 = time.perf_counter()
         heap.release_free_pages()  # what tracing freed leaves before XLA's compile peak (DECISIONS 95)
         try:

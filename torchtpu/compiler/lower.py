@@ -11,6 +11,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import torch
+from jax.experimental.layout import Format, Layout
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from torchtpu.compiler import dtypes, registry
@@ -18,8 +19,9 @@ from torchtpu.compiler.checks import RunChecks
 from torchtpu.compiler.context import LowerCtx, RngState
 from torchtpu.compiler.errors import LoweringError, user_source_line, write_reproducer
 from torchtpu.compiler.padding import Padding
+from torchtpu.compiler.rules.reduction import INPUT_ORDER, from_convolution
 from torchtpu.compiler.spec import TensorSpec, contiguous_stride
-from torchtpu.layout import OutputSlot
+from torchtpu.layout import BoundaryLayouts, OutputSlot
 
 
 @dataclasses.dataclass
@@ -32,6 +34,9 @@ class JaxProgram:
     outputs: list[OutputSlot]  # filled in when fn is traced
     avals: list[jax.ShapeDtypeStruct]
     checks: list[dict] = dataclasses.field(default_factory=list)  # when fn is traced: its last result is their flag
+    # a forward's: fn returns (results before its saved activations, those, the checks' flag);
+    # per saved result, whether XLA chooses its layout (layout.BoundaryLayouts.chosen)
+    saved_layouts: tuple[bool, ...] | None = None
 
 
 def _static_stride(val) -> tuple[int, ...] | None:
@@ -57,8 +62,9 @@ def uses_rng(gm: torch.fx.GraphModule) -> bool:
 
 
 def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options,
-                   device: jax.Device | None = None) -> JaxProgram:
-    """Builds the JAX function of `gm` for the concrete signature `spec` (placed on `device`)."""
+                   device: jax.Device | None = None, boundary: BoundaryLayouts | None = None) -> JaxProgram:
+    """Builds the JAX function of `gm` for the concrete signature `spec` (placed on `device`).
+    `boundary` (a CPU forward or backward with a device): layouts at its boundary with the other."""
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(spec):
@@ -71,8 +77,16 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
     records: list[dict] = []
     positions = {n: i for i, n in enumerate(graph.nodes)}
     sharding = jax.sharding.SingleDeviceSharding(device) if device is not None else None
-    avals = [jax.ShapeDtypeStruct(spec[i].shape, dtypes.to_jax(spec[i].dtype), sharding=sharding)
+    orders = dict(boundary.inputs) if boundary else {}
+    avals = [jax.ShapeDtypeStruct(spec[i].shape, dtypes.to_jax(spec[i].dtype),
+                                  sharding=_laid_out(sharding, orders[i]) if i in orders else sharding)
              for i in tensor_inputs]
+    saved_from = boundary.saved_from if boundary else None
+    for i, node in enumerate(placeholders):  # rules that choose a form by layout read it (reduction.py)
+        if i in orders:
+            node.meta[INPUT_ORDER] = orders[i]
+        else:
+            node.meta.pop(INPUT_ORDER, None)
     if rng:
         avals = [jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding)] + avals
 
@@ -112,9 +126,38 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
         records[:] = checks.records if checks is not None else []
         if records:  # one int32 after the graph's outputs: 0, or which check failed first
             results.append(checks.flag)
-        return tuple(results)
+        if saved_from is None:
+            return tuple(results)
+        flag = [results.pop()] if records else []
+        head = sum(1 for slot in outputs[:saved_from] if slot.kind == "tensor")
+        if len(results) - head != len(boundary.chosen):
+            raise LoweringError(f"torchtpu: internal: {len(results) - head} saved results, "
+                                f"{len(boundary.chosen)} layout choices")
+        return tuple(results[:head]), tuple(results[head:]), tuple(flag)
 
-    return JaxProgram(fn, tensor_inputs, rng, outputs, avals, records)
+    saved_layouts = None if saved_from is None else tuple(boundary.chosen)
+    return JaxProgram(fn, tensor_inputs, rng, outputs, avals, records, saved_layouts=saved_layouts)
+
+
+def saved_channels_minor(gm: torch.fx.GraphModule, saved_from: int, platform: str, options) -> tuple[bool, ...]:
+    """Per tensor output from position `saved_from` on (a forward's saved activations), whether
+    XLA computes it channels-minor (a channels-last convolution's result, through pointwise
+    ops: rules/reduction.py `from_convolution`); only those are worth another layout."""
+    flags = []
+    for node in _flat_outputs_nodes(gm)[saved_from:]:
+        if isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor):
+            flags.append(from_convolution(node, LowerCtx(node, platform, options, RngState(None))))
+    return tuple(flags)
+
+
+def _flat_outputs_nodes(gm):
+    (out,) = gm.graph.find_nodes(op="output")[0].args
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _laid_out(sharding, order: tuple[int, ...]):
+    """An input's placement with its memory layout (major-to-minor dim order)."""
+    return Format(Layout(major_to_minor=tuple(order)), sharding)
 
 
 def _refuse_float64(gm, spec):

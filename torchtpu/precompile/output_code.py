@@ -56,6 +56,8 @@ class TpuOutputCode(OutputCode):
         runner: the live runner (None in the artifact until post_compile rebuilds it).
         passthrough: the outputs taken out of `graph` because they are its inputs
             (runtime/passthrough.py `split`); the runner's results get them back.
+        boundary: the layouts at its boundary with its forward or backward (a
+            layout.BoundaryLayouts; None in an older artifact: every layout row-major).
     """
 
     graph: SavedGraph
@@ -66,6 +68,7 @@ class TpuOutputCode(OutputCode):
     cached: CachedSignature | None = None
     runner: Callable | None = None
     passthrough: tuple = ()
+    boundary: Any = None
 
     def __post_init__(self):
         self._boxed_call = True  # AOTAutograd calls it with the argument list (boxed)
@@ -125,7 +128,8 @@ class TpuOutputCode(OutputCode):
             from torchtpu.compiler.driver import compile_graph
 
             gm, fakes = self.graph.rebuild()
-            runner = compile_graph(gm, fakes, self.options, name=self.kind, resident=self.resident)
+            runner = compile_graph(gm, fakes, self.options, name=self.kind, resident=self.resident,
+                                   boundary=self.boundary)
             if self.dense_outputs_from is not None:
                 runner.dense_outputs_from = self.dense_outputs_from
             self._compiled = runner

@@ -15,6 +15,7 @@ from typing import Callable
 import jax
 import torch
 from jax._src.lib import _jax
+from jax.experimental.layout import Layout
 from jax.extend import backend as jax_backend
 
 from torchtpu.compiler import checks
@@ -176,6 +177,23 @@ class NotRunnableHere(RuntimeError):
     """The executable was compiled for a device this process does not have (deviceless AOT)."""
 
 
+def _input_orders(xla_executable, layout: ProgramLayout) -> tuple | None:
+    """Per tensor input, None (row-major) or the major-to-minor order of the layout the program
+    reads it in; None when every input is row-major (or PJRT cannot say)."""
+    try:
+        params = xla_executable.get_parameter_layouts()
+    except Exception:  # noqa: BLE001 — an unloaded or foreign executable: the default layouts
+        return None
+    orders = _orders(params[1:] if layout.uses_rng else params)
+    return tuple(orders) if any(o is not None for o in orders) else None
+
+
+def _orders(layouts) -> list[tuple[int, ...] | None]:
+    """Each PJRT layout's major-to-minor dim order, None where it is row-major."""
+    orders = [tuple(Layout.from_pjrt_layout(p).major_to_minor) for p in layouts]
+    return [None if o == tuple(range(len(o))) else o for o in orders]
+
+
 def _temp_bytes(xla_executable) -> int:
     """The program's temporaries, from XLA's compiled memory stats (0 where PJRT has none)."""
     try:
@@ -212,8 +230,12 @@ class Executable:
         # A host program with nothing to do per call but move its tensors in and out: `run` then
         # takes one short path (each step of the general one costs its own calls; measured in
         # docs/benchmarks.md, "Call overhead of a tiny graph").
+        # Per tensor input, the order (major to minor) of a layout other than row-major the
+        # program reads it in (a backward's saved activations: layout.BoundaryLayouts); None: all
+        # row-major. Read from the executable itself, so a cached one brings its own.
+        self._orders = _input_orders(xla_executable, layout) if self._cpu and xla_executable is not None else None
         self.plain_host = (self._cpu and self._execute is not None and self._plain_outputs
-                            and not layout.uses_rng and not layout.checks)
+                            and not layout.uses_rng and not layout.checks and self._orders is None)
 
     # Tests set this to copy resident inputs on the CPU too, as an accelerator's transfer does,
     # to check that resident copies follow in-place updates.
@@ -240,6 +262,15 @@ class Executable:
         if params != expected:  # jax hoisted constants or pruned inputs: calling it directly would be wrong
             raise RuntimeError(f"compiled program has {params} parameters, expected {expected}")
         return cls(xla_executable, ProgramLayout.of(program), device)
+
+    def output_orders(self) -> list[tuple[int, ...] | None] | None:
+        """Per program result, the major-to-minor order of its layout (None: row-major); None
+        where PJRT cannot say."""
+        try:
+            layouts = self.xla_executable.get_output_layouts()
+        except Exception:  # noqa: BLE001 — an unloaded or foreign executable
+            return None
+        return _orders(layouts)
 
     def flops(self) -> float | None:
         """XLA's count of the program's flops; None where it has no full count: PJRT without a
@@ -311,7 +342,9 @@ class Executable:
         """The program's parameters for `args`: one device array per tensor input, after the
         PRNG key when the program draws random numbers."""
         device, inputs = self.device, self.layout.tensor_inputs
-        if resident and not transfer.holds_arrays(like):  # a tpu parameter's array is its own
+        if self._orders is not None:
+            arrays = [transfer.to_device(args[i], device, order) for i, order in zip(inputs, self._orders)]
+        elif resident and not transfer.holds_arrays(like):  # a tpu parameter's array is its own
             aliases = transfer.aliases if transfer.zero_copy(device) else None
             arrays = [residency.resident(args[i], device, self._put, aliases) if i in resident
                       else transfer.to_device(args[i], device) for i in inputs]

@@ -73,8 +73,33 @@ def zero_copy(device) -> bool:
     return getattr(device, "platform", None) == "cpu"
 
 
-def to_device(t: torch.Tensor, device: jax.Device):
-    t = _dense(t)
+def strides_in_order(shape, order) -> tuple[int, ...]:
+    """The strides of a dense array of `shape` whose dims run `order`, major to minor."""
+    strides, acc = [0] * len(shape), 1
+    for dim in reversed(order):
+        strides[dim] = acc
+        acc *= max(int(shape[dim]), 1)
+    return tuple(strides)
+
+
+def in_order(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """`t` with the strides of a dense array whose dims run `order` major to minor, for a program
+    that reads that layout (layout.BoundaryLayouts): a view when its memory is already so (the
+    forward's saved result it usually is), else a copy. Strides must match exactly: PJRT does not
+    check a buffer's layout against the program's, and would read the memory in the wrong order."""
+    strides = strides_in_order(t.shape, order)
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_conj() and not t.is_neg() and all(
+            have == want for have, want, size in zip(t.stride(), strides, t.shape) if size > 1):
+        return t if t.stride() == strides else t.as_strided(t.shape, strides, t.storage_offset())
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def to_device(t: torch.Tensor, device: jax.Device, order: tuple[int, ...] | None = None):
+    """`t` as an array on `device`: row-major, or in `order` (major to minor) where the program
+    reads that layout."""
+    t = _dense(t) if order is None else in_order(t, order)
     if t.is_cpu and device.platform == "cpu":  # a view of the tensor's memory
         return _jax.dlpack_managed_tensor_to_buffer(torch._C._to_dlpack(t), device, None, None, _KDLCPU)
     own = _DEVICE_TENSORS.get(t.device.type)

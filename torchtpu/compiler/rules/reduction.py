@@ -35,6 +35,9 @@ def per_channel(x, axis) -> bool:
     return x.ndim >= 3 and axis is not None and sorted(axis) == [0] + list(range(2, x.ndim))
 
 
+INPUT_ORDER = "torchtpu_input_order"  # a placeholder's layout when not row-major (lower.py, BoundaryLayouts)
+
+
 def from_convolution(node, ctx, hops: int = 8) -> bool:
     """Whether an FX value is the result of one of ATen's channels-last convolutions, or the
     input gradient of one, reached through pointwise ops only (a bias, a normalisation's affine,
@@ -45,6 +48,10 @@ def from_convolution(node, ctx, hops: int = 8) -> bool:
     for _ in range(hops):
         ahead = []
         for n in frontier:
+            if isinstance(n, torch.fx.Node) and n.op == "placeholder":
+                order = n.meta.get(INPUT_ORDER)  # a backward's saved activation, as the forward left it
+                if order is not None and len(order) >= 3 and order[-1] == 1:
+                    return True
             if not isinstance(n, torch.fx.Node) or n.op != "call_function" or n in seen:
                 continue
             seen.add(n)
