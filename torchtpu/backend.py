@@ -70,8 +70,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options, serializab
             """(the outputs `passthrough.split` took out of a forward graph, the graph's boundary
             layouts), before the graph is compiled."""
             if name == "forward":
+                (outs,) = aten_gm.graph.find_nodes(op="output")[0].args
                 outputs = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
-                           for a in aten_gm.graph.find_nodes(op="output")[0].args[0]]
+                           for a in (outs if isinstance(outs, (list, tuple)) else [outs])]
                 pairs = passthrough.split(aten_gm)  # the saved primals: the caller's own tensors
                 saved.update(outputs=outputs, pairs=pairs)
                 return pairs, boundary.forward(_fw_metadata(), pairs)
