@@ -144,15 +144,10 @@ def saved_channels_minor(gm: torch.fx.GraphModule, saved_from: int, platform: st
     XLA computes it channels-minor (a channels-last convolution's result, through pointwise
     ops: rules/reduction.py `from_convolution`); only those are worth another layout."""
     flags = []
-    for node in _flat_outputs_nodes(gm)[saved_from:]:
+    for node in _output_args(gm.graph.find_nodes(op="output")[0])[saved_from:]:
         if isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor):
             flags.append(from_convolution(node, LowerCtx(node, platform, options, RngState(None))))
     return tuple(flags)
-
-
-def _flat_outputs_nodes(gm):
-    (out,) = gm.graph.find_nodes(op="output")[0].args
-    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def _laid_out(sharding, order: tuple[int, ...]):
@@ -170,16 +165,18 @@ def _refuse_float64(gm, spec):
                          "(or bfloat16) before compiling", node, gm, spec, None)
 
 
-def _flat_outputs(node, env):
+def _output_args(node) -> list:
+    """The output node's values, one per graph output."""
     (out,) = node.args
-    out = out if isinstance(out, (list, tuple)) else [out]
-    return [env[a] if isinstance(a, torch.fx.Node) else a for a in out]
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _flat_outputs(node, env):
+    return [env[a] if isinstance(a, torch.fx.Node) else a for a in _output_args(node)]
 
 
 def _flat_output_metas(node):
-    (out,) = node.args
-    out = out if isinstance(out, (list, tuple)) else [out]
-    return [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in out]
+    return [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in _output_args(node)]
 
 
 def _constant(gm, node):

@@ -3,7 +3,7 @@
 AOTAutograd's forward graph returns `[*tokens, *user outputs, *saved tensors, *saved symints]`;
 its backward takes `[*saved symints, *saved tensors, *gradients]` (torch/_functorch/_aot_autograd
 runtime_wrappers.py). The forward is compiled first with `saved_from` (layout.BoundaryLayouts):
-XLA chooses its saved results' layouts. `saved` reads them off the forward's executable, and
+XLA chooses the layouts of the saved results it computes channels-minor. `saved` reads them off the forward's executable, and
 `backward` names the backward inputs that arrive so. Were that order ever different, a backward
 input in another layout than the program reads is copied into it at the call
 (runtime/transfer.py `in_order`): slower, never wrong. docs/DECISIONS.md 117.
