@@ -74,8 +74,9 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options, serializab
                 outputs = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
                            for a in (outs if isinstance(outs, (list, tuple)) else [outs])]
                 pairs = passthrough.split(aten_gm)  # the saved primals: the caller's own tensors
-                saved.update(outputs=outputs, pairs=pairs)
-                return pairs, boundary.forward(_fw_metadata(), pairs)
+                start = boundary.saved_start(_fw_metadata(), pairs)
+                saved.update(outputs=outputs, start=start)
+                return pairs, boundary.forward(start)
             if name == "backward":
                 return (), boundary.backward(saved.get("layouts"), aten_inputs)
             return (), None
@@ -89,7 +90,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options, serializab
                                    resident=resident, boundary=layouts)
             if name == "forward" and meta is not None and isinstance(runner, CompiledGraph):
                 # the saved activations, among the outputs the program still returns
-                runner.dense_outputs_from = passthrough.shifted(len(meta.tokens) + meta.num_forward, pairs)
+                runner.dense_outputs_from = saved["start"]
                 saved["layouts"] = boundary.saved(saved["outputs"], meta, pairs, runner)
             if name == "inference":
                 inference.update(runner=runner, meta=meta, inputs=len(aten_gm.graph.find_nodes(op="placeholder")))

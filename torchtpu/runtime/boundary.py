@@ -27,12 +27,18 @@ class Saved:
     symints: int
 
 
-def forward(meta, pairs: tuple[tuple[int, int], ...]) -> BoundaryLayouts | None:
-    """A forward graph's layouts: its saved activations (after `pairs`, the outputs
-    passthrough.split took) in the layouts XLA chooses."""
+def saved_start(meta, pairs: tuple[tuple[int, int], ...]) -> int | None:
+    """Where a forward's saved tensors start among the outputs its program returns (after `pairs`,
+    the outputs passthrough.split took); None without AOTAutograd's metadata."""
     if meta is None:
         return None
-    return BoundaryLayouts(saved_from=passthrough.shifted(len(meta.tokens) + meta.num_forward, pairs))
+    return passthrough.shifted(len(meta.tokens) + meta.num_forward, pairs)
+
+
+def forward(start: int | None) -> BoundaryLayouts | None:
+    """A forward graph's layouts: its saved activations, from `start` (saved_start), in the
+    layouts XLA chooses."""
+    return None if start is None else BoundaryLayouts(saved_from=start)
 
 
 def saved(outputs: list, meta, pairs: tuple[tuple[int, int], ...], runner) -> Saved | None:

@@ -50,7 +50,7 @@ def conv(x, w, stride, padding, dilation, transposed, output_padding, groups, pl
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     output_padding = _expand(output_padding or 0, nd)
-    if aten and not transposed and (groups == 1 or _channels_last(nd)) and aten_cpu.one_dtype(x, w):
+    if aten and aten_takes(x, w, transposed, groups):
         return _aten_convolution(x, w, stride, padding, dilation, groups)
     acc = accumulate_dtype(x.dtype)
     integer = not jnp.issubdtype(x.dtype, jnp.inexact)
@@ -118,6 +118,11 @@ def _aten_convolution(x, w, stride, padding, dilation, groups, **epilogue):
                                 channels_last=_channels_last(nd), **epilogue)
 
 
+def aten_takes(x, w, transposed, groups) -> bool:
+    """Whether `conv` hands a convolution that may call ATen (`calls_aten`) to ATen's kernel."""
+    return not transposed and (groups == 1 or _channels_last(x.ndim - 2)) and aten_cpu.one_dtype(x, w)
+
+
 def _channels_last(nd: int) -> bool:
     """ATen runs a 2d/3d convolution channels-last (torch has that memory format for 4d/5d only)."""
     return nd in (2, 3)
@@ -182,7 +187,7 @@ def writes_channels_minor(node, ctx) -> bool:
     if not all(isinstance(v, torch.Tensor) and all(type(d) is int for d in v.shape) for v in vals):
         return False  # no metadata, or a symbolic size (reading it would add a guard)
     x, w = (jax.ShapeDtypeStruct(tuple(v.shape), dtypes.to_jax(v.dtype)) for v in vals)
-    return (not transposed and _channels_last(x.ndim - 2) and aten_cpu.one_dtype(x, w)
+    return (_channels_last(x.ndim - 2) and aten_takes(x, w, transposed, groups)
             and calls_aten(ctx, x, w, stride, padding, dilation, groups))
 
 
