@@ -208,6 +208,29 @@ def test_a_graph_with_a_host_op_precompiles_and_reloads(tmp_path):
 
 
 
+def test_a_model_saved_after_other_model_classes_loads_where_they_were_never_built(tmp_path):
+    """transformers registers each model class it builds in a global dict, and the traced forward
+    reads it by key. A process that built other classes first (here: two stand-ins ahead of the
+    Llama's) must still write an artifact that a process without them loads."""
+    from transformers.utils import output_capturing
+
+    registry = output_capturing._CAN_RECORD_REGISTRY
+    model, ids = llama(), torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    before = dict(registry)
+    try:
+        registry.clear()
+        dict.update(registry, {"<class 'other.One'>": {}, "<class 'other.Two'>": {}}, **before)
+        with torch.no_grad():
+            path = torchtpu.precompile.save(model, (ids,), tmp_path / "llama.tpu")
+    finally:
+        registry.clear()
+        dict.update(registry, before)
+    run, said = _load_warning(path, model)
+    assert run.loaded and said == [], said
+    with torch.no_grad():
+        torch.testing.assert_close(run(ids).logits, model(ids).logits)
+
+
 def _layer_class():
     """A module class made by a factory, as transformers 5.25's hub-kernel layers are."""
 

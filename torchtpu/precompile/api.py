@@ -13,6 +13,7 @@ stale result (docs/precompile.md).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import time
@@ -56,7 +57,7 @@ def save(model_or_fn: Callable, example_args: tuple, path, example_kwargs: dict 
     compiled = torch.compile(fn, backend="tpu", fullgraph=True, **{**compile_kwargs, "options": options})
     # one shot: sizes are symbolic where marked (or dynamic=True), never because an earlier save in
     # this process traced the shared `call_module` frame at other sizes (automatic dynamic)
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False), _no_key_order_guards_on_globals():
         aot = compiled.aot_compile((args, dict(example_kwargs or {})))
     payload = type(aot).serialize(aot).serialized_data
     header = {
@@ -182,6 +183,34 @@ def _serializable_guards(dropped: list[str]) -> Callable:
         return out
 
     return keep
+
+
+@contextlib.contextmanager
+def _no_key_order_guards_on_globals():
+    """While saving: Dynamo's saved guard state leaves out the key order of global dicts.
+
+    Dynamo records, beside its guards, which dicts' key order the traced code depended on, and
+    rebuilding the guards on load reads each of them by position, whether or not a guard on it
+    was kept. A global dict's keys can depend on what the saving process did before: transformers
+    registers each model class it builds in `_CAN_RECORD_REGISTRY`, and a Llama saved after two
+    other classes was read as the registry's third key, which a fresh process does not have
+    (IndexError, so the artifact was refused). The guards on globals are dropped already
+    (`_serializable_guards`); torch leaves out this record itself when every guard is portable."""
+    from torch._dynamo import guards
+    from torch._dynamo.source import get_global_source_name
+
+    pickle = guards.pickle_guards_state
+
+    def without_global_key_orders(state, builder):
+        graph = state.output_graph
+        graph.guard_on_key_order = {s for s in graph.guard_on_key_order if get_global_source_name(s) is None}
+        return pickle(state, builder)
+
+    guards.pickle_guards_state = without_global_key_orders
+    try:
+        yield
+    finally:
+        guards.pickle_guards_state = pickle
 
 
 def _local_type_match(entry) -> bool:
