@@ -15,6 +15,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torchtpu import counters, events, recompile_limit, spmd
 from torchtpu.compiler.decompositions import decomposition_table
 from torchtpu.compiler.driver import compile_graph
+from torchtpu.compiler.lower import output_metas
 from torchtpu.options import Options
 from torchtpu.precompile.output_code import CachedSignature, TpuOutputCode
 from torchtpu.precompile.saved_graph import SavedGraph
@@ -70,9 +71,7 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, opts: Options, serializab
             """(the outputs `passthrough.split` took out of a forward graph, the graph's boundary
             layouts), before the graph is compiled."""
             if name == "forward":
-                (outs,) = aten_gm.graph.find_nodes(op="output")[0].args
-                outputs = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
-                           for a in (outs if isinstance(outs, (list, tuple)) else [outs])]
+                outputs = output_metas(aten_gm.graph.find_nodes(op="output")[0])  # before the split
                 pairs = passthrough.split(aten_gm)  # the saved primals: the caller's own tensors
                 start = boundary.saved_start(_fw_metadata(), pairs)
                 saved.update(outputs=outputs, start=start)

@@ -113,7 +113,7 @@ def to_jax_program(gm: torch.fx.GraphModule, spec: tuple, platform: str, options
                                                                env=env),
                                        gm, spec, wide)
             elif node.op == "output":
-                for value, meta in zip(_flat_outputs(node, env), _flat_output_metas(node)):
+                for value, meta in zip(_flat_outputs(node, env), output_metas(node)):
                     if value is None:
                         outputs.append(OutputSlot("none"))
                     elif isinstance(value, jax.Array):
@@ -175,7 +175,9 @@ def _flat_outputs(node, env):
     return [env[a] if isinstance(a, torch.fx.Node) else a for a in _output_args(node)]
 
 
-def _flat_output_metas(node):
+def output_metas(node) -> list:
+    """The output node's values as traced (fake tensors, symints), one per graph output; None for
+    an output that is not a node."""
     return [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in _output_args(node)]
 
 

@@ -45,7 +45,8 @@ def saved(outputs: list, meta, pairs: tuple[tuple[int, int], ...], runner) -> Sa
     """The saved tensors' layouts of a forward compiled with `forward`'s layouts.
 
     Args:
-        outputs: the forward graph's output values (fake tensors, symints), before the split.
+        outputs: the forward graph's output values (fake tensors, symints; lower.output_metas), before
+            the split.
         meta: AOTAutograd's forward metadata.
         pairs: passthrough.split's pairs (those outputs are the caller's tensors, row-major).
         runner: the compiled forward (its static executable tells the layouts).
