@@ -1,6 +1,6 @@
-"""The compiled attention backward (compiler/rules/attention.py): torch's numbers from the saved
-output and logsumexp, through ATen's kernel on the CPU and through XLA's own ops with
-aten_kernels="off" (the form a TPU or GPU target lowers)."""
+"""The compiled attention (compiler/rules/attention.py): torch's numbers, the forward through ATen's
+kernel on the CPU, the backward from the saved output and logsumexp through ATen's kernel where it
+pays, and both through XLA's own ops with aten_kernels="off" (the form a TPU or GPU target lowers)."""
 from __future__ import annotations
 
 import os
@@ -11,10 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from helpers import compile_tpu
+from torchtpu.kernels import aten_cpu
 
 NEEDS_CXX = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
                                reason="no C++ compiler: the ATen kernels cannot be built")
 TARGET = "torchtpu_aten_attention_backward"
+FORWARD = "@torchtpu_aten_attention_forward("
 
 
 def _case(case, dtype):
@@ -52,6 +54,31 @@ def _compiled(tmp_path, **options):
 
 def _programs(tmp_path) -> str:
     return "\n".join(p.read_text() for p in tmp_path.glob("*.stablehlo.mlir"))
+
+
+@NEEDS_CXX
+@pytest.mark.parametrize("aten", ["auto", "off"])
+@pytest.mark.parametrize("case", ["plain", "causal", "gqa", "scale", "masked_rows", "bool_mask", "float_mask_2d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_matches_eager(tmp_path, case, aten, dtype):
+    """Inference: on the CPU the forward is torch's kernel, so its numbers are eager's (bfloat16
+    too, rounded once from float32 where the CPU lacks bfloat16 instructions); XLA's ops with
+    aten_kernels="off"."""
+    inputs, kw = _case(case, dtype)
+    with torch.no_grad():
+        expected = F.scaled_dot_product_attention(*inputs, **kw).float()
+        got = _compiled(tmp_path, aten_kernels=aten)(*inputs, **kw).float()
+        reference = F.scaled_dot_product_attention(*(x.float() for x in inputs),
+                                                   **{n: t.float() if isinstance(t, torch.Tensor)
+                                                      and t.is_floating_point() else t for n, t in kw.items()})
+    assert not got.isnan().any()
+    if aten == "auto" and (dtype == torch.float32 or aten_cpu.native_bfloat16()):
+        assert torch.equal(got, expected)  # eager's kernel, eager's bits
+    if dtype == torch.float32:
+        assert (got - expected).abs().max().item() < 2e-6
+    else:
+        assert (got - reference).abs().max().item() <= 1.25 * (expected - reference).abs().max().item() + 1e-3
+    assert (FORWARD in _programs(tmp_path)) == (aten == "auto")
 
 
 @NEEDS_CXX

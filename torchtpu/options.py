@@ -30,8 +30,8 @@ class Options:
         mesh: {"dp": N, "tp": M}: run partitioned over a device mesh (see torchtpu/spmd, docs/spmd.md).
         tp_plan: with a mesh: "auto" (the Hugging Face model's own plan) or {pattern: "colwise" |
             "rowwise" | "replicate" | "sequence"}; None: parameters replicated (data parallel).
-        aten_kernels: "auto" (default: on the CPU, convolutions, MoE grouped matmuls and the attention
-            backward call ATen's kernels inside the XLA program, see kernels/aten_cpu.py; dense
+        aten_kernels: "auto" (default: on the CPU, convolutions, MoE grouped matmuls and attention
+            (forward and backward) call ATen's kernels inside the XLA program, see kernels/aten_cpu.py; dense
             float32 and bfloat16 2d convolutions of 32+ input channels, convolutions over disjoint
             patches, and attention backwards with heads 16+ wide and at most 128x128 scores stay
             XLA's, rules/conv.py and rules/attention.py) or "off" (XLA's own).

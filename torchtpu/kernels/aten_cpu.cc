@@ -17,6 +17,7 @@
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/_grouped_mm.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <c10/core/InferenceMode.h>
 
@@ -167,6 +168,29 @@ ffi::Error GroupedMm(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Buffer<ffi::S32> o
   });
 }
 
+// Scaled dot-product attention's output and float32 logsumexp ([B, H, L]): ATen's CPU flash-attention
+// forward, as eager runs it. q, k, v are [B, H, L|S, D] row-major of one dtype with as many kv heads
+// as q heads; `mask` (with has_mask) is an additive mask of q's dtype that broadcasts to [B, H, L, S].
+ffi::Error AttentionForward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer mask,
+                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> logsumexp, int64_t is_causal,
+                     int64_t has_mask, int64_t has_scale, double scale) {
+  at::ScalarType type;
+  if (!ScalarType(q.element_type(), &type) || k.element_type() != q.element_type() ||
+      v.element_type() != q.element_type() || (has_mask && mask.element_type() != q.element_type())) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "torchtpu_aten_attention_forward: unsupported dtype");
+  }
+  return Guarded("torchtpu_aten_attention_forward", [&] {
+    std::optional<at::Tensor> m;
+    if (has_mask) m = Wrap(mask.untyped_data(), mask.dimensions(), type, false);
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+        Wrap(q.untyped_data(), q.dimensions(), type, false), Wrap(k.untyped_data(), k.dimensions(), type, false),
+        Wrap(v.untyped_data(), v.dimensions(), type, false), /*dropout_p=*/0.0, is_causal != 0, m,
+        has_scale ? std::optional<double>(scale) : std::nullopt);
+    Wrap(out->untyped_data(), out->dimensions(), type, false).copy_(o);
+    Wrap(logsumexp->typed_data(), logsumexp->dimensions(), at::kFloat, false).copy_(lse);
+  });
+}
+
 // (d/dq, d/dk, d/dv) of scaled dot-product attention from the forward's output and logsumexp:
 // ATen's CPU flash-attention backward, as eager's training step runs it. q, k, v, out and
 // grad_out are [B, H, L, D] row-major of one dtype with as many kv heads as q heads; logsumexp
@@ -246,6 +270,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenConvolutionInto, ConvolutionInto,
                                   .Attr<int64_t>("groups")
                                   .Attr<int64_t>("has_bias")
                                   .Attr<int64_t>("relu"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenAttentionForward, AttentionForward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("is_causal")
+                                  .Attr<int64_t>("has_mask")
+                                  .Attr<int64_t>("has_scale")
+                                  .Attr<double>("scale"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TorchtpuAtenAttentionBackward, AttentionBackward,
                               ffi::Ffi::Bind()

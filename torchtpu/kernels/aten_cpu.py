@@ -1,17 +1,18 @@
-"""ATen's CPU convolution, grouped matmul and attention backward as XLA custom calls: torch's
-own kernels (oneDNN's for convolutions) inside an XLA:CPU program.
+"""ATen's CPU convolution, grouped matmul and attention as XLA custom calls: torch's own kernels
+(oneDNN's for convolutions) inside an XLA:CPU program.
 
 XLA's CPU convolutions are slow next to oneDNN's (docs/DECISIONS.md 38), and Inductor calls
 oneDNN for its convolutions too; 2d/3d calls ask XLA for channels-last buffers (decision 40).
 XLA:CPU's ragged dot (MoE experts' `_grouped_mm`) is a dense product masked per group, so each
 group pays for all of them (decision 79). XLA:CPU's batched products over the attention
 probabilities' query axis ran the attention backward 2-3x slower than torch's kernel (decision
-96). `aten_cpu.cc` is compiled once per source, torch and jaxlib version into
+96), and XLA's attention forward writes every score where torch's kernel works block by block
+(decision 120). `aten_cpu.cc` is compiled once per source, torch and jaxlib version into
 TORCHTPU_EXTENSION_DIR (default `$XDG_CACHE_HOME/torchtpu/extensions`) with `$CXX` (default
 g++), then registered with XLA as the CPU FFI targets `torchtpu_aten_convolution`, `..._into`
-(float32 2d, written into XLA's buffer: decision 43), `..._backward`, `torchtpu_aten_grouped_mm`
-and `torchtpu_aten_attention_backward`. Where it cannot be built, these stay XLA's and one
-warning says why.
+(float32 2d, written into XLA's buffer: decision 43), `..._backward`, `torchtpu_aten_grouped_mm`,
+`torchtpu_aten_attention_forward` and `torchtpu_aten_attention_backward`. Where it cannot be
+built, these stay XLA's and one warning says why.
 Where the CPU has no bfloat16 instructions (`native_bfloat16`), every kernel runs bfloat16
 operands in float32 and rounds its results back once (decision 99).
 `TORCHTPU_ATEN_KERNELS=0` or the option `aten_kernels="off"` turns it off.
@@ -34,6 +35,7 @@ TARGET = "torchtpu_aten_convolution"
 BACKWARD_TARGET = "torchtpu_aten_convolution_backward"
 INTO_TARGET = "torchtpu_aten_convolution_into"
 GROUPED_MM_TARGET = "torchtpu_aten_grouped_mm"
+ATTENTION_TARGET = "torchtpu_aten_attention_forward"
 ATTENTION_BACKWARD_TARGET = "torchtpu_aten_attention_backward"
 SOURCE = Path(__file__).with_name("aten_cpu.cc")
 
@@ -90,6 +92,8 @@ def _register(path: Path) -> None:
     jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolutionBackward),
                                 platform="cpu")
     jax.ffi.register_ffi_target(GROUPED_MM_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenGroupedMm), platform="cpu")
+    jax.ffi.register_ffi_target(ATTENTION_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenAttentionForward),
+                                platform="cpu")
     jax.ffi.register_ffi_target(ATTENTION_BACKWARD_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenAttentionBackward),
                                 platform="cpu")
 
@@ -187,11 +191,11 @@ def grouped_mm(a, b, offs, out_shape):
     return call(wide_a, wide_b, offs.astype(jnp.int32)).astype(a.dtype)
 
 
-def attention_backward_supports(grad_out, q, k, v, out, mask) -> bool:
-    """Whether `attention_backward` takes these once the caller repeats each kv head for its
-    group of q heads: 4-d, one float dtype ATen's kernel has, kv heads dividing q heads, and no
-    mask or an additive mask of that dtype."""
-    return (q.ndim == 4 and one_dtype(grad_out, q, k, v, out) and q.shape[-3] % k.shape[-3] == 0
+def attention_supports(q, k, v, mask, *more) -> bool:
+    """Whether `attention` (and, given its grad_out and out as `more`, `attention_backward`) takes
+    these once the caller repeats each kv head for its group of q heads: 4-d, one float dtype
+    ATen's kernel has, kv heads dividing q heads, and no mask or an additive mask of that dtype."""
+    return (q.ndim == 4 and one_dtype(q, k, v, *more) and q.shape[-3] % k.shape[-3] == 0
             and (mask is None or mask.dtype == q.dtype))
 
 
@@ -203,22 +207,47 @@ def one_dtype(*arrays) -> bool:
                                                                                 for a in arrays)
 
 
+def attention(q, k, v, mask=None, is_causal=False, scale=None):
+    """torch's CPU flash-attention forward (output of q's dtype, float32 logsumexp) where
+    `attention_supports`, with k and v already repeated to q's heads."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = q.dtype
+    q, k, v, mask = _widened(q, k, v, mask)
+    shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32))
+    out, logsumexp = jax.ffi.ffi_call(ATTENTION_TARGET, shapes)(q, k, v, _mask_operand(q, mask),
+                                                                **_attention_attrs(mask, is_causal, scale))
+    return out.astype(dtype), logsumexp
+
+
 def attention_backward(grad_out, q, k, v, out, logsumexp, mask=None, is_causal=False, scale=None):
-    """torch's CPU flash-attention backward (d/dq, d/dk, d/dv) where `attention_backward_supports`,
+    """torch's CPU flash-attention backward (d/dq, d/dk, d/dv) where `attention_supports`,
     with k and v already repeated to q's heads."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     dtype = q.dtype
     grad_out, q, k, v, out, mask = _widened(grad_out, q, k, v, out, mask)
     shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (q, k, v))
     call = jax.ffi.ffi_call(ATTENTION_BACKWARD_TARGET, shapes)
-    grads = call(grad_out, q, k, v, out, logsumexp.astype(jnp.float32),
-                mask if mask is not None else jnp.zeros((), q.dtype),
-                is_causal=np.int64(bool(is_causal)), has_mask=np.int64(mask is not None),
-                has_scale=np.int64(scale is not None), scale=np.float64(scale or 0.0))
+    grads = call(grad_out, q, k, v, out, logsumexp.astype(jnp.float32), _mask_operand(q, mask),
+                 **_attention_attrs(mask, is_causal, scale))
     return tuple(g.astype(dtype) for g in grads)
+
+
+def _mask_operand(q, mask):
+    """The attention handlers' mask operand: the mask, or a scalar the handler does not read."""
+    import jax.numpy as jnp
+
+    return mask if mask is not None else jnp.zeros((), q.dtype)
+
+
+def _attention_attrs(mask, is_causal, scale) -> dict:
+    import numpy as np
+
+    return dict(is_causal=np.int64(bool(is_causal)), has_mask=np.int64(mask is not None),
+                has_scale=np.int64(scale is not None), scale=np.float64(scale or 0.0))
 
 
 def _cl(ndim: int) -> tuple:

@@ -2,8 +2,9 @@
 (`_scaled_dot_product_flash_attention_for_cpu` and its backward).
 
 Per node, `kernels.choose` picks JAX's TPU flash attention (Mosaic on a TPU target, or
-interpret mode) or XLA's own ops. The XLA backward is torch's from the saved output and logsumexp,
-on the CPU torch's own kernel as a custom call (kernels/aten_cpu.py); the kernel
+interpret mode) or XLA's own ops. On the CPU the forward is torch's own kernel as a custom call
+(kernels/aten_cpu.py; decision 120). The XLA backward is torch's from the saved output and
+logsumexp, on the CPU torch's own kernel where it pays (decision 113); the kernel
 backward is the kernel's own backward half fed with the forward's logsumexp. Forward and
 backward of one graph pair always choose alike: the choice depends only on the options, the
 target and the arguments, which both nodes share."""
@@ -128,6 +129,8 @@ def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=N
     if choice != kernels.XLA:
         with kernels.running(choice):
             return flash.flash_fwd(q, k, v, attn_mask, is_causal, scale)
+    if use_aten(ctx) and aten_cpu.attention_supports(q, k, v, attn_mask):
+        return aten_cpu.attention(q, _heads_like(q, k), _heads_like(q, v), attn_mask, is_causal, scale)
     out, lse = attention(q, k, v, attn_mask, is_causal, scale)
     return out.astype(q.dtype), lse
 
@@ -140,7 +143,7 @@ def _sdpa_flash_cpu_backward(ctx, grad_out, q, k, v, out, logsumexp, dropout_p, 
         with kernels.running(choice):
             return flash.flash_bwd(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)
     if (use_aten(ctx) and aten_backward_pays(q, k)
-            and aten_cpu.attention_backward_supports(grad_out, q, k, v, out, attn_mask)):
+            and aten_cpu.attention_supports(q, k, v, attn_mask, grad_out, out)):
         dq, dk, dv = aten_cpu.attention_backward(grad_out, q, _heads_like(q, k), _heads_like(q, v), out, logsumexp,
                                                  attn_mask, is_causal, scale)
         return dq, _group_sum(dk, k), _group_sum(dv, v)
