@@ -121,3 +121,49 @@ def test_cpu_backward_is_torchs_kernel_only_where_it_pays(tmp_path, head_dim, le
     for g, e in zip(got, expected):
         assert (g - e).abs().max().item() < 2e-5
     assert (TARGET in _programs(tmp_path)) is aten
+
+
+_POOLED = r'''
+import torch, torch.nn.functional as F
+from helpers import compile_tpu
+torch.manual_seed(0)
+masks = {"none": None, "2d": torch.randn(16, 12), "batch_1": torch.randn(1, 3, 16, 12), "heads_1": torch.randn(2, 1, 16, 12)}
+for batch in (1, 2):
+    for name, mask in masks.items():
+        if name == "heads_1" and batch == 1:
+            continue
+        q, k, v = (torch.randn(batch, 3, n, 8, requires_grad=True) for n in (16, 12, 12))
+        kw = {} if mask is None else {"attn_mask": mask}
+        attend = lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v, **kw)
+        compiled = compile_tpu(attend)
+        with torch.no_grad():
+            assert torch.equal(compiled(q, k, v, **kw), attend(q, k, v, **kw)), (batch, name)
+        torch.manual_seed(1)
+        grad = torch.randn(batch, 3, 16, 8)
+        got = torch.autograd.grad(compiled(q, k, v, **kw), (q, k, v), grad)
+        want = torch.autograd.grad(attend(q, k, v, **kw), (q, k, v), grad)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), (batch, name)
+import copy
+conv = torch.nn.Conv2d(4, 8, 3, padding=1).eval()
+channels_last = copy.deepcopy(conv).to(memory_format=torch.channels_last)  # the kernel eager runs then
+for batch in (2, 3, 5):  # split into ranges of 1 to 3 (a batch of 1 is never split)
+    x = torch.randn(batch, 4, 10, 10)
+    with torch.no_grad():
+        want = channels_last(x.contiguous(memory_format=torch.channels_last))
+        assert torch.equal(compile_tpu(conv)(x), want), batch
+print("pooled ok")
+'''
+
+
+@NEEDS_CXX
+@pytest.mark.parametrize("threads", [1, 3])
+def test_kernels_split_over_xlas_pool_keep_eagers_bits(threads):
+    """On a pool of several threads the attention kernels and the convolution run in blocks of
+    (batch, heads) or batch ranges, one per pool thread at one thread each; on a pool of one, whole,
+    on ATen's threads (kernels/aten_cpu.cc OnPool). Either way eager's bits: masks that broadcast
+    over batch or heads or both, a batch of one (split by heads), batches that do not divide."""
+    from helpers import run_python
+
+    env = {**os.environ, "PJRT_NPROC": str(threads), "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    assert "pooled ok" in run_python(_POOLED, env=env, timeout=600)

@@ -243,17 +243,19 @@ def test_aten_kernels_off_and_grouped_split_and_backward(tmp_path):
 
 
 @NEEDS_CXX
-def test_an_aten_kernel_that_throws_names_itself_in_xlas_error():
+@pytest.mark.parametrize("batch", [1, 4])
+def test_an_aten_kernel_that_throws_names_itself_in_xlas_error(batch):
     """What ATen raises inside the program comes back as XLA's error, naming the kernel and
-    carrying ATen's own message, instead of a crash."""
+    carrying ATen's own message, instead of a crash; also when it throws on XLA's pool threads
+    (a batch of 4 runs in ranges there, where the machine has two cores or more)."""
     import jax
     import numpy as np
 
     from torchtpu.kernels import aten_cpu
 
     assert aten_cpu.available()
-    call = jax.ffi.ffi_call(aten_cpu.TARGET, jax.ShapeDtypeStruct((1, 4, 6, 6), np.float32))
-    x, w = np.ones((1, 3, 8, 8), np.float32), np.ones((4, 5, 3, 3), np.float32)  # 3 channels in, weights for 5
+    call = jax.ffi.ffi_call(aten_cpu.TARGET, jax.ShapeDtypeStruct((batch, 4, 6, 6), np.float32))
+    x, w = np.ones((batch, 3, 8, 8), np.float32), np.ones((4, 5, 3, 3), np.float32)  # 3 channels in, weights for 5
     ints = lambda *v: np.array(v, np.int64)  # noqa: E731
     with pytest.raises(Exception, match="torchtpu_aten_convolution: .*channels") as raised:
         jax.block_until_ready(call(x, w, stride=ints(1, 1), padding=ints(0, 0), dilation=ints(1, 1),

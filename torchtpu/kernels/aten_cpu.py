@@ -13,6 +13,9 @@ g++), then registered with XLA as the CPU FFI targets `torchtpu_aten_convolution
 (float32 2d, written into XLA's buffer: decision 43), `..._backward`, `torchtpu_aten_grouped_mm`,
 `torchtpu_aten_attention_forward` and `torchtpu_aten_attention_backward`. Where it cannot be
 built, these stay XLA's and one warning says why.
+Where XLA's intra-op pool has two threads or more, the convolution forward and both attention
+kernels split their batch (and heads) over that pool, one thread per block, rather than start an
+OpenMP team on XLA's thread (decision 121); with one pool thread they run whole, on ATen's threads.
 Where the CPU has no bfloat16 instructions (`native_bfloat16`), every kernel runs bfloat16
 operands in float32 and rounds its results back once (decision 99).
 `TORCHTPU_ATEN_KERNELS=0` or the option `aten_kernels="off"` turns it off.
