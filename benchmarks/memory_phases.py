@@ -8,8 +8,10 @@ this order, each in a fresh process with empty caches:
 
     torch          `import torch` (eager's floor)
     runtime        torchtpu imported and the PJRT client up (the suite's tpu floor)
-    XLA compiler   the first XLA program compiled (`x * 2 + 1`): XLA's compiler state, made
-                   once per process whatever the model
+    XLA compiler   the first XLA program compiled (`x * 2 + 1`) as the backend compiles: in
+                   the compiler process where that is on (torchtpu/compiler/worker.py; this
+                   process then loads the executable), else here, where XLA's compiler state
+                   is made once per process whatever the model
     torch.compile  Dynamo and AOTAutograd imported and a first tiny graph compiled through the
                    backend: torch's compile stack, also once per process (Inductor pays it too)
     model          the model built (its library imported; eager pays this as well)
@@ -64,7 +66,11 @@ def child(model_name: str, backend: str, workload: str = "infer") -> dict:
 
         platform.device()
         mark("runtime")
-        jax.jit(lambda x: x * 2 + 1).lower(jnp.ones(16)).compile()
+        from torchtpu.compiler import worker
+
+        lowered = jax.jit(lambda x: x * 2 + 1).lower(jnp.ones(16))
+        worker.start()
+        worker.compile(lowered, None) if worker.active() else lowered.compile()
         mark("XLA compiler")
         torch.compile(lambda t: t * 2 + 1, backend="tpu", fullgraph=True)(torch.ones(16))
         mark("torch.compile")

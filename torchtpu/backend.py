@@ -13,6 +13,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from torchtpu import counters, events, recompile_limit, spmd
+from torchtpu.compiler import worker
 from torchtpu.compiler.decompositions import decomposition_table
 from torchtpu.compiler.driver import compile_graph
 from torchtpu.compiler.lower import output_metas
@@ -20,6 +21,7 @@ from torchtpu.options import Options
 from torchtpu.precompile.output_code import CachedSignature, TpuOutputCode
 from torchtpu.precompile.saved_graph import SavedGraph
 from torchtpu.runtime import boundary, lean, passthrough
+from torchtpu.runtime import platform as platforms
 from torchtpu.runtime.executable import CompiledGraph
 
 
@@ -35,6 +37,8 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
         raise ValueError(f"torchtpu: mode={kwargs['mode']!r} is not supported; pass options={{...}} instead")
     opts = Options.parse(options)
     counters.bump("dynamo_graphs")
+    if (opts.platform or platforms.default_platform()) == "cpu":
+        worker.start()  # XLA's compiles go to a process of their own; it starts while AOTAutograd traces
     events.follow_dynamo()  # from now on, each frame's Dynamo record is logged as its compile ends
     events.record("graph", compile_id=_compile_id(), source=_source(gm), inputs=_describe(example_inputs),
                   ops=sum(n.op == "call_function" for n in gm.graph.nodes), options=opts.key_items(),

@@ -11,7 +11,7 @@ from jax.experimental.layout import Format, Layout
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torchtpu import cache, counters, events, plans, spmd
-from torchtpu.compiler import dump
+from torchtpu.compiler import dump, worker
 from torchtpu.compiler.lower import saved_channels_minor, to_jax_program
 from torchtpu.compiler.spec import describe, is_static, spec_of
 from torchtpu.layout import BOUNDARY, BoundaryLayouts
@@ -71,21 +71,22 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
         if exe is not None:
             return exe
         program = to_jax_program(gm, spec, target.platform, options, device, boundary)  # 4. ATen -> JAX function
-        lowered, compiled, lower_s, compile_s = _lower_and_compile(program, placement, spec,  # 5. StableHLO, 6. XLA
-                                                                   options.xla_options)
+        remote = placement is None and target.platform == "cpu" and worker.active()  # compiler process
+        lowered, compiled, blob, lower_s, compile_s = _lower_and_compile(  # 5. StableHLO, 6. XLA
+            program, placement, spec, options.xla_options, remote)
         counters.bump("xla_compiles")
         counters.add_seconds("lower", lower_s)
         counters.add_seconds("compile", compile_s)
         events.record("compile", graph=name, signature=describe(spec), platform=target.platform,
                       lower_ms=round(lower_s * 1e3, 3), compile_ms=round(compile_s * 1e3, 3))
         dump.write(options, name, gm, spec, lowered, lower_s, compile_s)
-        blob, counted = None, {}
+        counted = {}
         if placement is None:
-            exe = Executable.from_compiled(compiled, program, device)   # 7. runtime wrapper
+            exe = Executable.from_compiled(compiled, program, device, blob)   # 7. runtime wrapper
             if target.platform == "cpu":  # 7b. a short program loaded again to run on the calling thread
                 counted["flops"] = exe.flops()
                 if waits and short(counted["flops"]):
-                    blob = exe.serialize()
+                    blob = blob or exe.serialize()
                     exe = Executable.deserialize(blob, exe.layout, device, inline=True)
         else:  # partitioned over the mesh by XLA; records the shardings and collectives
             exe = spmd.sharded_executable(compiled, program, placement, spec, target, name)
@@ -111,11 +112,13 @@ def on_host(example_inputs) -> bool:
     return all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
 
 
-def _lower_and_compile(program, placement=None, spec=(), xla_options=()):
+def _lower_and_compile(program, placement=None, spec=(), xla_options=(), remote=False):
     """jax.jit(...).lower() -> StableHLO, .compile() -> XLA via PJRT. Every aval stays a parameter
     (keep_unused) so the executable can be called directly and restored from the cache. With a
     placement, the avals carry the inputs' shardings and XLA partitions the program (SPMD).
-    `xla_options` (the option's pairs) are XLA's compile options for this program."""
+    `xla_options` (the option's pairs) are XLA's compile options for this program. `remote`: XLA
+    compiles in the compiler process (compiler/worker.py). Returns (lowered, compiled, the
+    executable's serialization where it came as bytes else None, lower seconds, compile seconds)."""
     avals = program.avals if placement is None else spmd.sharded_avals(program, placement, spec)
     t0 = time.perf_counter()
     with jax.enable_x64(True):
@@ -125,11 +128,15 @@ def _lower_and_compile(program, placement=None, spec=(), xla_options=()):
         lowered = jax.jit(program.fn, keep_unused=True, out_shardings=out_shardings).trace(*avals).lower()
         t1 = time.perf_counter()
         heap.release_free_pages()  # what tracing freed leaves before XLA's compile peak (DECISIONS 95)
+        blob = None
         try:
-            compiled = lowered.compile(compiler_options=dict(xla_options) or None)
+            if remote:
+                compiled, blob = worker.compile(lowered, dict(xla_options) or None)
+            else:
+                compiled = lowered.compile(compiler_options=dict(xla_options) or None)
         except Exception as exc:
             if xla_options and "option" in str(exc):  # XLA's words: "No such compile option", "While setting option"
                 raise ValueError(f"torchtpu: option xla_options={dict(xla_options)}: {exc}") from exc
             raise
         heap.release_free_pages()  # and what the compile freed
-    return lowered, compiled, t1 - t0, time.perf_counter() - t1
+    return lowered, compiled, blob, t1 - t0, time.perf_counter() - t1

@@ -254,14 +254,17 @@ class Executable:
         return transfer.to_device(t, self.device)
 
     @classmethod
-    def from_compiled(cls, compiled: jax.stages.Compiled, program, device) -> "Executable":
-        """Wraps `jax.jit(fn, keep_unused=True)....compile()`: every aval is one parameter."""
+    def from_compiled(cls, compiled: jax.stages.Compiled, program, device, blob: bytes | None = None) -> "Executable":
+        """Wraps `jax.jit(fn, keep_unused=True)....compile()`: every aval is one parameter. `blob`:
+        the bytes its executable was loaded from (compiled in the compiler process), else None."""
         xla_executable = compiled._executable.xla_executable
         expected = len(program.avals)
         params = len(xla_executable.get_parameter_layouts())
         if params != expected:  # jax hoisted constants or pruned inputs: calling it directly would be wrong
             raise RuntimeError(f"compiled program has {params} parameters, expected {expected}")
-        return cls(xla_executable, ProgramLayout.of(program), device)
+        exe = cls(xla_executable, ProgramLayout.of(program), device)
+        exe._loaded = blob is not None
+        return exe
 
     def output_orders(self) -> list[tuple[int, ...] | None] | None:
         """Per program result, the major-to-minor order of its layout (None: row-major); None

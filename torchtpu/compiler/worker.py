@@ -1,0 +1,204 @@
+"""XLA:CPU compiles in a compiler process of their own (docs/DECISIONS.md 122).
+
+A cold start's memory peaks in XLA's compile: its compiler state (about 50 MB, kept for the
+process's life once made) and each compile's working memory (tens to hundreds of MB at its
+peak, part of it kept by the allocator afterwards). Inductor's C++ compiles run in processes of
+their own; so do ours. The first torch.compile graph of a process on the CPU starts one compiler
+process (`start`, from the backend), whose own start (JAX, ATen's kernels: about 4 s here)
+overlaps AOTAutograd's tracing. From then on, each CPU compile of this process (the eager
+device's too) goes to it as StableHLO bytecode and XLA's serialized compile options, and comes
+back as the executable's PJRT serialization, which this process loads as it loads one from the
+disk cache. JAX's own compile path runs around that step (`compile`): the compile options, the
+layouts, the shardings and the checks JAX derives are those of a compile in this process.
+
+A compile that kills the compiler process (out of memory, a crash in XLA) raises
+CompilerProcessDied here and leaves this process running; the next compile starts a new one.
+`TORCHTPU_COMPILE_WORKER=0` compiles in this process, as does a process whose compiler process
+cannot start (one warning; `torchtpu.stats()["compile_worker_unavailable"]`). A process with no
+torch.compile graph (the eager device alone) compiles in itself: its first op does not wait for
+a compiler process to start.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from torchtpu import counters, cxx
+from torchtpu.compiler import frames
+
+log = logging.getLogger("torchtpu.compiler")
+_lock = threading.Lock()  # one request at a time; guards _state
+_state: dict = {}  # "proc": the Popen, "pid": the process that started it, "ready", "off": why not
+COMMAND = [sys.executable, "-m", "torchtpu.compiler.worker_main"]  # the compiler process (tests replace it)
+
+
+class CompilerProcessDied(RuntimeError):
+    """The compiler process exited during a compile (out of memory, a crash in XLA)."""
+
+
+def wanted() -> bool:
+    return cxx.switched_on("TORCHTPU_COMPILE_WORKER")
+
+
+def start() -> None:
+    """Starts this process's compiler process unless it is up (or off); does not wait for it."""
+    if wanted():
+        with _lock:
+            _spawn()
+
+
+def active() -> bool:
+    """Whether this process's CPU compiles go to its compiler process."""
+    return wanted() and _state.get("pid") == os.getpid() and "off" not in _state
+
+
+def compile(lowered, compiler_options: dict | None):
+    """`lowered.compile(compiler_options=...)` with XLA's compile done by the compiler process.
+    Returns (jax's Compiled, the executable's serialization); the serialization is None where the
+    compile ran in this process (the compiler process could not start, or host callbacks)."""
+    args = lowered._lowering.compile_args
+    client = args["backend"]
+    remote = _Remote(client)
+    args["backend"] = remote
+    try:
+        compiled = lowered.compile(compiler_options=compiler_options)
+    finally:
+        args["backend"] = client
+    return compiled, remote.blob
+
+
+class _Remote:
+    """The CPU client as JAX's compile path sees it, with `compile_and_load` sent to the compiler
+    process and its bytes loaded here; everything else is the client's own."""
+
+    def __init__(self, client):
+        self._client = client
+        self.blob: bytes | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    def compile_and_load(self, module, executable_devices, compile_options, host_callbacks=()):
+        if not host_callbacks:  # a callback is a Python object of this process: compiled here
+            from jax._src.interpreters import mlir
+
+            blob = _request(mlir.module_to_bytecode(module), compile_options.SerializeAsString(),
+                            _module_name(module))
+            if blob is not None:
+                self.blob = blob
+                return self._client.deserialize_executable(blob, executable_devices, None)
+        kwargs = {"host_callbacks": host_callbacks} if host_callbacks else {}
+        return self._client.compile_and_load(module, executable_devices=executable_devices,
+                                             compile_options=compile_options, **kwargs)
+
+
+def _module_name(module) -> str:
+    try:
+        return str(module.operation.attributes["sym_name"]).strip('"')
+    except (KeyError, AttributeError):
+        return "a program"
+
+
+def _request(module: bytes, options: bytes, name: str) -> bytes | None:
+    """The compiler process's executable bytes, or None when it cannot start (compile here)."""
+    with _lock:
+        _spawn()
+        proc = _state.get("proc")
+        if proc is None:
+            return None
+        if not _state["ready"]:
+            try:
+                hello = frames.read(proc.stdout)
+            except (OSError, ValueError, EOFError):
+                hello = None
+            if hello is None:
+                _unavailable(f"it exited as it started ({_how(proc)}; its messages are above)")
+                return None
+            _state["ready"] = True
+        try:
+            frames.write(proc.stdin, {"compile": name}, [module, options])
+            reply = frames.read(proc.stdout)
+            if reply is None:
+                raise frames.Truncated("no reply")
+        except (OSError, ValueError, EOFError) as exc:
+            _state.pop("proc", None)
+            counters.bump("compile_worker_deaths")
+            raise CompilerProcessDied(
+                f"torchtpu: XLA's compiler process (pid {proc.pid}) {_how(proc)} while compiling {name}; "
+                "this process goes on, and its next compile starts a new compiler process. If it ran out "
+                "of memory, the program is too large for this machine; TORCHTPU_COMPILE_WORKER=0 compiles "
+                "in this process instead") from exc
+    header, blobs = reply
+    if not header["ok"]:
+        raise _error(header["type"], header["message"])
+    counters.bump("compile_worker_compiles")
+    return blobs[0]
+
+
+def _error(kind: str, message: str) -> Exception:
+    """The compiler process's error as this process would have raised it."""
+    from jax._src.lib import _jax
+
+    if kind in ("JaxRuntimeError", "XlaRuntimeError"):
+        return _jax.JaxRuntimeError(message)
+    return RuntimeError(f"{kind}: {message}")
+
+
+def _how(proc: subprocess.Popen) -> str:
+    try:
+        code = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return "stopped answering"
+    if code < 0:
+        name = signal.Signals(-code).name
+        return f"was killed by {name}" + (" (out of memory?)" if -code == signal.SIGKILL else "")
+    return f"exited with status {code}"
+
+
+def _spawn() -> None:
+    """Under _lock: a compiler process for this process (a forked child starts its own)."""
+    if "off" in _state and _state.get("pid") == os.getpid():
+        return
+    proc = _state.get("proc")
+    if proc is not None and _state.get("pid") == os.getpid() and proc.poll() is None:
+        return
+    root = str(Path(__file__).resolve().parents[2])  # where `torchtpu` imports from
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    _state.clear()
+    _state["pid"] = os.getpid()
+    try:
+        proc = subprocess.Popen(COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                env={**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu"})
+    except OSError as exc:
+        _unavailable(f"it cannot start ({exc})")
+        return
+    _state.update(proc=proc, ready=False)
+
+
+def _unavailable(why: str) -> None:
+    _state.pop("proc", None)
+    _state["off"] = why
+    counters.bump("compile_worker_unavailable")
+    log.warning("torchtpu: XLA's compiler process is unavailable, %s; this process compiles in itself", why)
+
+
+@atexit.register
+def stop() -> None:
+    """Ends this process's compiler process (at exit; tests call it)."""
+    with _lock:
+        proc = _state.pop("proc", None) if _state.get("pid") == os.getpid() else None
+        _state.clear()
+    if proc is None:
+        return
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        proc.kill()
