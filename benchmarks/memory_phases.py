@@ -69,8 +69,8 @@ def child(model_name: str, backend: str, workload: str = "infer") -> dict:
         from torchtpu.compiler import worker
 
         lowered = jax.jit(lambda x: x * 2 + 1).lower(jnp.ones(16))
-        worker.start()
-        worker.compile(lowered, None) if worker.active() else lowered.compile()
+        worker.enable()
+        worker.compile(lowered, None) if worker.use() else lowered.compile()
         mark("XLA compiler")
         torch.compile(lambda t: t * 2 + 1, backend="tpu", fullgraph=True)(torch.ones(16))
         mark("torch.compile")

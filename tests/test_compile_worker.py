@@ -139,3 +139,20 @@ def test_switched_off_compiles_here(fresh_worker, monkeypatch):
     x = torch.randn(4)
     torch.testing.assert_close(torch.compile(lambda t: t * 5, backend="tpu", fullgraph=True)(x), x * 5)
     assert "proc" not in worker._state and "compile_worker_compiles" not in torchtpu.stats()
+
+
+def test_a_warm_start_that_only_loads_starts_no_compiler_process(fresh_worker):
+    from torchtpu.cache import tiers
+
+    x = torch.randn(4, 4)
+    torch.compile(lambda t: (t @ t).relu(), backend="tpu", fullgraph=True)(x)
+    assert torchtpu.stats()["compile_worker_compiles"] == 1
+    worker.stop()
+    torch._dynamo.reset()
+    tiers.MEMORY.clear()
+    torchtpu.reset_stats()
+    got = torch.compile(lambda t: (t @ t).relu(), backend="tpu", fullgraph=True)(x)
+    torch.testing.assert_close(got, (x @ x).relu())
+    stats = torchtpu.stats()
+    assert stats["disk_hits"] == 1 and stats["xla_compiles"] == 0
+    assert "proc" not in worker._state and worker.active()  # enabled, never started

@@ -38,7 +38,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
     opts = Options.parse(options)
     counters.bump("dynamo_graphs")
     if (opts.platform or platforms.default_platform()) == "cpu":
-        worker.start()  # XLA's compiles go to a process of their own; it starts while AOTAutograd traces
+        worker.enable()  # XLA's compiles go to a process of their own (started at the first cache miss)
     events.follow_dynamo()  # from now on, each frame's Dynamo record is logged as its compile ends
     events.record("graph", compile_id=_compile_id(), source=_source(gm), inputs=_describe(example_inputs),
                   ops=sum(n.op == "call_function" for n in gm.graph.nodes), options=opts.key_items(),

@@ -70,8 +70,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, options: Options | N
         exe = cache.lookup(key, target, device, name, waits)         # 3. memory -> disk
         if exe is not None:
             return exe
+        remote = placement is None and target.platform == "cpu" and worker.use()  # compiler process (starting)
         program = to_jax_program(gm, spec, target.platform, options, device, boundary)  # 4. ATen -> JAX function
-        remote = placement is None and target.platform == "cpu" and worker.active()  # compiler process
         lowered, compiled, blob, lower_s, compile_s = _lower_and_compile(  # 5. StableHLO, 6. XLA
             program, placement, spec, options.xla_options, remote)
         counters.bump("xla_compiles")

@@ -3,10 +3,11 @@
 A cold start's memory peaks in XLA's compile: its compiler state (about 50 MB, kept for the
 process's life once made) and each compile's working memory (tens to hundreds of MB at its
 peak, part of it kept by the allocator afterwards). Inductor's C++ compiles run in processes of
-their own; so do ours. The first torch.compile graph of a process on the CPU starts one compiler
-process (`start`, from the backend), whose own start (JAX, ATen's kernels: about 4 s here)
-overlaps AOTAutograd's tracing. From then on, each CPU compile of this process (the eager
-device's too) goes to it as StableHLO bytecode and XLA's serialized compile options, and comes
+their own; so do ours. A torch.compile graph on the CPU marks its process (`enable`, from the
+backend), and the first compile the caches miss starts one compiler process (`use`; JAX and the
+FFI libraries this process registered: about 1.5-2 s on 2 cores, overlapping the lowering, never
+started by a warm start that only loads). From then on, each CPU compile of this process (the
+eager device's too) goes to it as StableHLO bytecode and XLA's serialized compile options, and comes
 back as the executable's PJRT serialization, which this process loads as it loads one from the
 disk cache. JAX's own compile path runs around that step (`compile`): the compile options, the
 layouts, the shardings and the checks JAX derives are those of a compile in this process.
@@ -46,11 +47,24 @@ def wanted() -> bool:
     return cxx.switched_on("TORCHTPU_COMPILE_WORKER")
 
 
-def start() -> None:
-    """Starts this process's compiler process unless it is up (or off); does not wait for it."""
+def enable() -> None:
+    """Marks this process as one whose CPU compiles go to a compiler process (the backend calls it
+    for each torch.compile graph on the CPU); starts nothing."""
     if wanted():
         with _lock:
-            _spawn()
+            if _state.get("pid") != os.getpid():
+                _state.clear()
+                _state["pid"] = os.getpid()
+
+
+def use() -> bool:
+    """Whether this compile goes to the compiler process: where `enable` was called in this
+    process and it was not found unable to start. Starts it if it is not running (not waiting)."""
+    if not active():
+        return False
+    with _lock:
+        _spawn()
+        return "off" not in _state
 
 
 def active() -> bool:
@@ -108,6 +122,8 @@ def _module_name(module) -> str:
 def _request(module: bytes, options: bytes, name: str) -> bytes | None:
     """The compiler process's executable bytes, or None when it cannot start (compile here)."""
     with _lock:
+        if _state.get("pid") != os.getpid():  # a forked child: compile here
+            return None
         _spawn()
         proc = _state.get("proc")
         if proc is None:
@@ -122,7 +138,7 @@ def _request(module: bytes, options: bytes, name: str) -> bytes | None:
                 return None
             _state["ready"] = True
         try:
-            frames.write(proc.stdin, {"compile": name}, [module, options])
+            frames.write(proc.stdin, {"compile": name, "ffi": _ffi_targets()}, [module, options])
             reply = frames.read(proc.stdout)
             if reply is None:
                 raise frames.Truncated("no reply")
@@ -139,6 +155,12 @@ def _request(module: bytes, options: bytes, name: str) -> bytes | None:
         raise _error(header["type"], header["message"])
     counters.bump("compile_worker_compiles")
     return blobs[0]
+
+
+def _ffi_targets() -> list:
+    from torchtpu.kernels import aten_cpu
+
+    return aten_cpu.registrations()
 
 
 def _error(kind: str, message: str) -> Exception:
@@ -163,16 +185,12 @@ def _how(proc: subprocess.Popen) -> str:
 
 
 def _spawn() -> None:
-    """Under _lock: a compiler process for this process (a forked child starts its own)."""
-    if "off" in _state and _state.get("pid") == os.getpid():
-        return
+    """Under _lock: the compiler process of this process (enabled), unless it is running."""
     proc = _state.get("proc")
-    if proc is not None and _state.get("pid") == os.getpid() and proc.poll() is None:
+    if "off" in _state or (proc is not None and proc.poll() is None):
         return
     root = str(Path(__file__).resolve().parents[2])  # where `torchtpu` imports from
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    _state.clear()
-    _state["pid"] = os.getpid()
     try:
         proc = subprocess.Popen(COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 env={**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu"})
@@ -194,7 +212,7 @@ def stop() -> None:
     """Ends this process's compiler process (at exit; tests call it)."""
     with _lock:
         proc = _state.pop("proc", None) if _state.get("pid") == os.getpid() else None
-        _state.clear()
+        _state.clear()  # enabled again by the next torch.compile graph
     if proc is None:
         return
     try:

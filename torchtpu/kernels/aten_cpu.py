@@ -86,19 +86,29 @@ def register_built() -> None:
         available()
 
 
+SYMBOLS = {  # FFI target -> the library's handler
+    TARGET: "TorchtpuAtenConvolution",
+    INTO_TARGET: "TorchtpuAtenConvolutionInto",
+    BACKWARD_TARGET: "TorchtpuAtenConvolutionBackward",
+    GROUPED_MM_TARGET: "TorchtpuAtenGroupedMm",
+    ATTENTION_TARGET: "TorchtpuAtenAttentionForward",
+    ATTENTION_BACKWARD_TARGET: "TorchtpuAtenAttentionBackward",
+}
+
+
 def _register(path: Path) -> None:
     import jax.ffi
 
     lib = ctypes.CDLL(str(path))
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolution), platform="cpu")
-    jax.ffi.register_ffi_target(INTO_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolutionInto), platform="cpu")
-    jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenConvolutionBackward),
-                                platform="cpu")
-    jax.ffi.register_ffi_target(GROUPED_MM_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenGroupedMm), platform="cpu")
-    jax.ffi.register_ffi_target(ATTENTION_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenAttentionForward),
-                                platform="cpu")
-    jax.ffi.register_ffi_target(ATTENTION_BACKWARD_TARGET, jax.ffi.pycapsule(lib.TorchtpuAtenAttentionBackward),
-                                platform="cpu")
+    for target, symbol in SYMBOLS.items():
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    _state["path"] = str(path)
+
+
+def registrations() -> list[tuple[str, str, str]]:
+    """(FFI target, library path, handler symbol) of each target registered in this process: what
+    a compiler process registers before it compiles this process's programs (compiler/worker.py)."""
+    return [(target, _state["path"], symbol) for target, symbol in SYMBOLS.items()] if _state.get("ok") else []
 
 
 def native_bfloat16() -> bool:
