@@ -8,10 +8,10 @@ this order, each in a fresh process with empty caches:
 
     torch          `import torch` (eager's floor)
     runtime        torchtpu imported and the PJRT client up (the suite's tpu floor)
-    XLA compiler   the first XLA program compiled (`x * 2 + 1`) as the backend compiles: in
-                   the compiler process where that is on (torchtpu/compiler/worker.py; this
-                   process then loads the executable), else here, where XLA's compiler state
-                   is made once per process whatever the model
+    XLA compiler   the first XLA program lowered and compiled (`x * 2 + 1`) as the backend
+                   does: in the compiler process where that is on (torchtpu/compiler/worker.py;
+                   this process lowers and loads, +45 MB of JAX's lowering and code pages),
+                   else here, where XLA's compiler state is made as well; once per process
     torch.compile  Dynamo and AOTAutograd imported and a first tiny graph compiled through the
                    backend: torch's compile stack, also once per process (Inductor pays it too)
     model          the model built (its library imported; eager pays this as well)
