@@ -33,15 +33,13 @@ def main() -> int:
     os.dup2(2, 1)  # stray prints (XLA's, a library's) must not corrupt the replies
     requests = sys.stdin.buffer
 
-    import jax
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # XLA's INFO lines off, as `import jax` has them
+    from jaxlib import _jax
+    from jaxlib import xla_client as xc  # jaxlib alone: JAX's Python would add a second to the start
 
-    jax.config.update("jax_platforms", "cpu")
-    from jax._src.lib import _jax
-    from jax._src.lib import xla_client as xc
-
-    device = jax.devices("cpu")[0]
-    client, devices = device.client, _jax.DeviceList((device,))
-    registered: set[str] = set()
+    client = xc.make_cpu_client()
+    devices = _jax.DeviceList((client.local_devices()[0],))
+    registered = _jaxlibs_targets(xc)
     frames.write(replies, {"ready": True, "pid": os.getpid()})
     while True:
         request = frames.read(requests)
@@ -59,16 +57,36 @@ def main() -> int:
         frames.write(replies, *reply)
 
 
+def _jaxlibs_targets(xc) -> set[str]:
+    """The CPU custom calls JAX registers as it imports (LAPACK, sparse): a program lowered by
+    JAX may call them. Returns their names."""
+    from jaxlib import cpu_sparse, lapack
+
+    names = set()
+    for module in (lapack, cpu_sparse):
+        for name, capsule, api_version in module.registrations().get("cpu", []):
+            xc.register_custom_call_target(name, capsule, "cpu", api_version)
+            names.add(name)
+    return names
+
+
 def _register(targets, registered: set[str]) -> None:
     """The parent's FFI targets (kernels/aten_cpu.py `registrations`), each once: the library
     loaded by path (it finds torch's libraries itself; torch's Python is not imported here)."""
-    import jax.ffi
+    from jaxlib import xla_client as xc
 
     for target, path, symbol in targets:
         if target not in registered:
-            lib = ctypes.CDLL(path)
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+            function = getattr(ctypes.CDLL(path), symbol)
+            xc.register_custom_call_target(target, _capsule(function), "cpu", 1)
             registered.add(target)
+
+
+def _capsule(function) -> object:
+    """A PyCapsule of a ctypes function's address, as XLA's registration takes it."""
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(ctypes.cast(function, ctypes.c_void_p).value, None, None)
 
 
 if __name__ == "__main__":
