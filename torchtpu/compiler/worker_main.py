@@ -41,6 +41,7 @@ def main() -> int:
     devices = _jax.DeviceList((client.local_devices()[0],))
     registered = _jaxlibs_targets(xc)
     frames.write(replies, {"ready": True, "pid": os.getpid()})
+    _warm_up(client, devices, xc)
     while True:
         request = frames.read(requests)
         if request is None:
@@ -55,6 +56,18 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 — XLA's error goes back to the caller, whole
             reply = ({"ok": False, "type": type(exc).__name__, "message": str(exc)}, [])
         frames.write(replies, *reply)
+
+
+_TRIVIAL = "func.func public @main(%x: tensor<f32>) -> tensor<f32> { return %x : tensor<f32> }"
+
+
+def _warm_up(client, devices, xc) -> None:
+    """One trivial compile while the parent still lowers its first program: XLA's first compile
+    in a process sets up its compiler (a quarter second here), and the parent's should not wait."""
+    try:
+        client.compile_and_load(_TRIVIAL, devices, xc.CompileOptions())
+    except Exception:  # noqa: BLE001 — only a warm-up; the real compiles report their own errors
+        pass
 
 
 def _jaxlibs_targets(xc) -> set[str]:
