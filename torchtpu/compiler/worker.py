@@ -4,9 +4,9 @@ A cold start's memory peaks in XLA's compile: its compiler state (about 50 MB, k
 process's life once made) and each compile's working memory (tens to hundreds of MB at its
 peak, part of it kept by the allocator afterwards). Inductor's C++ compiles run in processes of
 their own; so do ours. A torch.compile graph on the CPU marks its process (`enable`, from the
-backend), and the first compile the caches miss starts one compiler process (`use`; JAX and the
-FFI libraries this process registered: about 1.5-2 s on 2 cores, overlapping the lowering, never
-started by a warm start that only loads). From then on, each CPU compile of this process (the
+backend), and the first compile the caches miss starts one compiler process (`use`; jaxlib's
+CPU client alone, 0.2 s to start here, then a trivial compile that sets XLA up while this process
+lowers; a warm start that only loads never starts it). From then on, each CPU compile of this process (the
 eager device's too) goes to it as StableHLO bytecode and XLA's serialized compile options, and comes
 back as the executable's PJRT serialization, which this process loads as it loads one from the
 disk cache. JAX's own compile path runs around that step (`compile`): the compile options, the
