@@ -156,3 +156,34 @@ def test_a_warm_start_that_only_loads_starts_no_compiler_process(fresh_worker):
     stats = torchtpu.stats()
     assert stats["disk_hits"] == 1 and stats["xla_compiles"] == 0
     assert "proc" not in worker._state and worker.active()  # enabled, never started
+
+
+def test_an_interrupted_compile_ends_its_compiler_process_and_the_next_starts_anew(fresh_worker, tmp_path):
+    import signal
+
+    worker.COMMAND = _fake(tmp_path, """
+        import time
+        frames.read(sys.stdin.buffer)
+        time.sleep(600)
+    """)
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(*_):
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(3)
+    try:
+        with pytest.raises(Exception) as info:
+            torch.compile(lambda t: t.tan() + 1, backend="tpu", fullgraph=True)(torch.randn(4))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert "Interrupted" in repr(info.value) or isinstance(info.value.__cause__, Interrupted)
+    assert "proc" not in worker._state  # killed: its late reply must not answer the next request
+    worker.COMMAND = [sys.executable, "-m", "torchtpu.compiler.worker_main"]
+    torch._dynamo.reset()
+    x = torch.randn(4)
+    torch.testing.assert_close(torch.compile(lambda t: t.tan() + 2, backend="tpu", fullgraph=True)(x), x.tan() + 2)

@@ -150,6 +150,10 @@ def _request(module: bytes, options: bytes, name: str) -> bytes | None:
                 "this process goes on, and its next compile starts a new compiler process. If it ran out "
                 "of memory, the program is too large for this machine; TORCHTPU_COMPILE_WORKER=0 compiles "
                 "in this process instead") from exc
+        except BaseException:  # interrupted mid-exchange (Ctrl-C): its reply would answer the next request
+            _state.pop("proc", None)
+            proc.kill()
+            raise
     header, blobs = reply
     if not header["ok"]:
         raise _error(header["type"], header["message"])
