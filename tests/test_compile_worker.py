@@ -61,7 +61,8 @@ def test_frames_round_trip_and_a_cut_frame_is_named():
 MODEL = """
 import torch
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.GELU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5))
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.GELU(), torch.nn.Flatten(),
+                            torch.nn.Linear(8 * 6 * 6, 5))
 x = torch.randn(2, 3, 8, 8)
 """
 

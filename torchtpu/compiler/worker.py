@@ -1,16 +1,16 @@
 """XLA:CPU compiles in a compiler process of their own (docs/DECISIONS.md 122).
 
-A cold start's memory peaks in XLA's compile: its compiler state (about 50 MB, kept for the
-process's life once made) and each compile's working memory (tens to hundreds of MB at its
-peak, part of it kept by the allocator afterwards). Inductor's C++ compiles run in processes of
-their own; so do ours. A torch.compile graph on the CPU marks its process (`enable`, from the
-backend), and the first compile the caches miss starts one compiler process (`use`; jaxlib's
-CPU client alone, 0.2 s to start here, then a trivial compile that sets XLA up while this process
-lowers; a warm start that only loads never starts it). From then on, each CPU compile of this process (the
-eager device's too) goes to it as StableHLO bytecode and XLA's serialized compile options, and comes
-back as the executable's PJRT serialization, which this process loads as it loads one from the
-disk cache. JAX's own compile path runs around that step (`compile`): the compile options, the
-layouts, the shardings and the checks JAX derives are those of a compile in this process.
+A cold start's memory peaked in XLA's compile: each compile's working memory, tens to hundreds
+of MB at its peak, part of it kept by the allocator afterwards. Inductor's C++ compiles run in
+processes of their own; so do ours. A torch.compile graph on the CPU marks its process
+(`enable`, from the backend), and the first compile the caches miss starts one compiler process
+(`use`: jaxlib's CPU client alone, 0.2 s to start here, then a trivial compile that sets XLA up
+while this process lowers; a warm start that only loads never starts it). From then on each CPU
+compile of this process (the eager device's too) goes to it as StableHLO bytecode and XLA's
+serialized compile options, and comes back as the executable's PJRT serialization, which this
+process loads as it loads one from the disk cache. JAX's own compile path runs around that step
+(`compile`): the compile options, the layouts, the shardings and the checks JAX derives are
+those of a compile in this process.
 
 A compile that kills the compiler process (out of memory, a crash in XLA) raises
 CompilerProcessDied here and leaves this process running; the next compile starts a new one.
