@@ -28,12 +28,9 @@ def read(stream) -> tuple[dict, list[bytes]] | None:
     raw = stream.read(_LENGTH.size)
     if not raw:
         return None
-    header = json.loads(_exactly(stream, _LENGTH.unpack(_exactly_from(raw, stream))[0]))
+    (length,) = _LENGTH.unpack(raw + _exactly(stream, _LENGTH.size - len(raw)))
+    header = json.loads(_exactly(stream, length))
     return header, [_exactly(stream, size) for size in header.pop("sizes")]
-
-
-def _exactly_from(first: bytes, stream) -> bytes:
-    return first if len(first) == _LENGTH.size else first + _exactly(stream, _LENGTH.size - len(first))
 
 
 def _exactly(stream, size: int) -> bytes:

@@ -4,8 +4,8 @@
 
 Reads framed requests on stdin (a StableHLO module's bytecode, XLA's serialized compile options
 and the FFI targets the parent has registered, which it registers too: XLA resolves a custom
-call as it compiles), compiles each with its own CPU client and answers on the original stdout with the
-executable's PJRT serialization, or with the error XLA raised. Anything else that writes to
+call as it compiles), compiles each with its own CPU client and answers on the original stdout
+with the executable's PJRT serialization, or with the error XLA raised. Anything else that writes to
 stdout goes to stderr, which is the parent's. Exits at the end of its input (the parent closed
 its end or died) and, on Linux, when the parent dies.
 """
@@ -96,7 +96,8 @@ def _register(targets, registered: set[str]) -> None:
 
 
 def _capsule(function) -> object:
-    """A PyCapsule of a ctypes function's address, as XLA's registration takes it."""
+    """A PyCapsule of a ctypes function's address, as XLA's registration takes it: what
+    `jax.ffi.pycapsule` makes, here without importing JAX (a second of this process's start)."""
     new = ctypes.pythonapi.PyCapsule_New
     new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
     return new(ctypes.cast(function, ctypes.c_void_p).value, None, None)
