@@ -298,8 +298,8 @@ def _eval_conv_bn(relu: bool, dtype=torch.float32):
     return model, torch.randn(2, 3, 10, 9, dtype=dtype)
 
 
-def _dumped(tmp_path, suffix):
-    return "\n".join(p.read_text() for p in tmp_path.glob(f"*.{suffix}"))
+def _dumped(tmp_path, suffix, prefix=""):
+    return "\n".join(p.read_text() for p in tmp_path.glob(f"{prefix}*.{suffix}"))
 
 
 @NEEDS_CXX
@@ -347,23 +347,25 @@ def test_conv_batchnorm_fusion_leaves_float64_exact_and_other_readers_alone(tmp_
 
 
 @NEEDS_CXX
-@pytest.mark.parametrize("channels, aten", [(31, True), (32, False)])
-def test_wide_dense_convolutions_are_xlas_own(tmp_path, channels, aten):
-    """A dense float32 or bfloat16 2d convolution with 32 or more input channels is XLA's
-    convolution, forward and backward (docs/DECISIONS.md 112, 113); narrower ones and grouped ones
-    keep ATen's."""
+@pytest.mark.parametrize("channels, aten_gradients", [(31, True), (32, False)])
+def test_wide_dense_convolutions_take_xlas_gradients(tmp_path, channels, aten_gradients):
+    """A dense float32 or bfloat16 2d convolution's forward is ATen's kernel at any width
+    (docs/DECISIONS.md 123); with 32 or more input channels its gradients are XLA's convolutions
+    (DECISIONS 112, 113), and narrower ones and grouped ones keep ATen's backward."""
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(channels, 16, 3, padding=1)
     x = torch.randn(2, channels, 8, 8)
     compiled = compile_tpu(conv, options={"dump_dir": str(tmp_path / "train")})
     assert_close_tree(_forward_and_grads(conv, x, compiled), _forward_and_grads(conv, x, None))
-    forward = _dumped(tmp_path / "train", "stablehlo.mlir")
-    assert ("torchtpu_aten_convolution" in forward) is aten
-    assert ("stablehlo.convolution" in forward) is not aten
+    forward = _dumped(tmp_path / "train", "stablehlo.mlir", "forward")
+    backward = _dumped(tmp_path / "train", "stablehlo.mlir", "backward")
+    assert "torchtpu_aten_convolution" in forward and "stablehlo.convolution" not in forward
+    assert ("torchtpu_aten_convolution_backward" in backward) is aten_gradients
+    assert ("stablehlo.convolution" in backward) is not aten_gradients
     grouped = torch.nn.Conv2d(2 * channels, 16, 3, groups=2)
     assert "torchtpu_aten_convolution" in _stablehlo(grouped, torch.randn(2, 2 * channels, 8, 8), tmp_path / "g")
     half = copy.deepcopy(conv).bfloat16()
-    assert ("torchtpu_aten_convolution" in _stablehlo(half, x.bfloat16(), tmp_path / "bf16")) is aten
+    assert "torchtpu_aten_convolution" in _stablehlo(half, x.bfloat16(), tmp_path / "bf16")
     # bfloat16 training, either kernel: about as far from float32 as eager bfloat16 is (on average;
     # the largest error is one element's rounding, which may fall either way)
     reference = _forward_and_grads(conv, x, None)

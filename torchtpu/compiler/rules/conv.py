@@ -157,17 +157,20 @@ def _add_bias(out, bias):
     return out + bias.astype(out.dtype).reshape((1, -1) + (1,) * (out.ndim - 2))
 
 
-# A dense float32 or bfloat16 2d convolution with at least this many input channels is XLA's own:
-# inside whole programs it ran faster than ATen's kernel (docs/DECISIONS.md 112, 113), whose OpenMP
-# team on XLA's threads costs more than its kernel gains there. Fewer channels give XLA's
-# convolution a contraction too short for its kernels (a 3-channel stem: 4x slower than oneDNN).
+# The gradients of a dense float32 or bfloat16 2d convolution with at least this many input channels
+# are XLA's own: inside whole training steps they ran faster than ATen's backward (docs/DECISIONS.md
+# 112, 113), which is not split over XLA's pool (its weight gradient sums over the batch) and pays
+# an OpenMP team on XLA's thread. Fewer channels give XLA's convolution a contraction too short for
+# its kernels (a 3-channel stem: 4x slower than oneDNN). The forward is ATen's at any width: split
+# over XLA's pool in blocks of the batch (DECISIONS 121), it beats XLA's (DECISIONS 123).
 XLA_DENSE_MIN_CHANNELS = 32
 
 
-def calls_aten(ctx, x, w, stride, padding, dilation, groups) -> bool:
-    """Whether this convolution (forward and backward alike) calls ATen's kernel on this target."""
+def calls_aten(ctx, x, w, stride, padding, dilation, groups, backward: bool = False) -> bool:
+    """Whether this convolution calls ATen's kernel on this target: in its forward, or with
+    `backward` in its gradients (`convolution_backward`)."""
     nd = x.ndim - 2
-    xla_is_faster = (groups == 1 and x.ndim == 4 and x.dtype in (jnp.float32, jnp.bfloat16)
+    xla_is_faster = (backward and groups == 1 and x.ndim == 4 and x.dtype in (jnp.float32, jnp.bfloat16)
                      and x.shape[1] >= XLA_DENSE_MIN_CHANNELS)
     patches = cuts_patches(w.shape[2:], _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups)
     return use_aten(ctx) and not xla_is_faster and not patches
@@ -188,7 +191,8 @@ def writes_channels_minor(node, ctx) -> bool:
         return False  # no metadata, or a symbolic size (reading it would add a guard)
     x, w = (jax.ShapeDtypeStruct(tuple(v.shape), dtypes.to_jax(v.dtype)) for v in vals)
     return (_channels_last(x.ndim - 2) and aten_takes(x, w, transposed, groups)
-            and calls_aten(ctx, x, w, stride, padding, dilation, groups))
+            and calls_aten(ctx, x, w, stride, padding, dilation, groups,
+                           backward=node.target is aten.convolution_backward.default))
 
 
 def use_aten(ctx) -> bool:
@@ -217,7 +221,7 @@ def _convolution_backward(ctx, grad, x, w, bias_sizes, stride, padding, dilation
     grad_input = grad_weight = grad_bias = None
     nd = x.ndim - 2
     if ((output_mask[0] or output_mask[1]) and not transposed and aten_cpu.one_dtype(grad, x, w)
-            and calls_aten(ctx, x, w, stride, padding, dilation, groups)):
+            and calls_aten(ctx, x, w, stride, padding, dilation, groups, backward=True)):
         grad_input, grad_weight = aten_cpu.convolution_backward(
             grad, x, w, _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd), groups, output_mask[:2],
             channels_last=_channels_last(nd))
