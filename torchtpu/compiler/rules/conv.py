@@ -162,7 +162,8 @@ def _add_bias(out, bias):
 # 112, 113), which is not split over XLA's pool (its weight gradient sums over the batch) and pays
 # an OpenMP team on XLA's thread. Fewer channels give XLA's convolution a contraction too short for
 # its kernels (a 3-channel stem: 4x slower than oneDNN). The forward is ATen's at any width: split
-# over XLA's pool in blocks of the batch (DECISIONS 121), it beats XLA's (DECISIONS 123).
+# over XLA's pool in blocks of the batch (DECISIONS 121) it beats XLA's at two or more threads, and
+# matches it at one (DECISIONS 123).
 XLA_DENSE_MIN_CHANNELS = 32
 
 
