@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import types
 from pathlib import Path
@@ -475,3 +476,45 @@ def test_ab_train_times_steps_that_train(monkeypatch):
     assert result["workload"] == "train" and set(result["median_ms"]) == {"base", "strict"}
     moved = [n for n, p in seen["model"].named_parameters() if not torch.equal(p.detach(), seen["start"][n])]
     assert moved and seen["model"].training  # the steps updated the parameters
+
+
+def test_side_by_side_times_every_backend_in_one_process_per_model(tmp_path):
+    """benchmarks/side.py: a fresh process per model, each backend's output checked against
+    eager's, every ratio from medians of rounds taken in that one process."""
+    from benchmarks import side
+
+    out = tmp_path / "side.json"
+    doc = side.main(["--models", "mlp", "--backends", "eager,tpu", "--rounds", "3", "--calls", "2",
+                     "--batch", "4", "--out", str(out)])
+    (row,) = doc["rows"]
+    assert "error" not in row, row
+    assert set(row["median_ms"]) == {"eager", "tpu"}
+    assert all(len(v) == 3 and min(v) > 0 for v in row["rounds_ms"].values())
+    assert row["median_ms"]["tpu"] == statistics.median(row["rounds_ms"]["tpu"])
+    assert row["max_abs_err"]["tpu"] < 1e-4
+    ratio = row["median_ms"]["tpu"] / row["median_ms"]["eager"]
+    assert f"{ratio:.2f}x" in doc["table"] and "geomean" in doc["table"] and "default threads" in doc["table"]
+    assert json.loads(out.read_text())["rows"][0]["median_ms"] == row["median_ms"]
+
+
+def test_side_by_side_train_steps_update_the_parameters(monkeypatch):
+    import torch
+
+    import benchmarks.run
+    from benchmarks import side
+    from benchmarks.run import build
+
+    seen = {}
+
+    def recording_build(*a):
+        seen["model"], inputs = build(*a)
+        seen["start"] = {n: p.detach().clone() for n, p in seen["model"].named_parameters()}
+        return seen["model"], inputs
+
+    monkeypatch.setattr(benchmarks.run, "build", recording_build)
+    before = _programs()
+    row = side.measure("mlp", ["eager", "tpu"], rounds=2, calls=2, train=True, batch=4)
+    assert _programs() - before >= 2  # the loss's forward and backward programs
+    assert set(row["median_ms"]) == {"eager", "tpu"} and row["max_abs_err"] == {}
+    moved = [n for n, p in seen["model"].named_parameters() if not torch.equal(p.detach(), seen["start"][n])]
+    assert moved and seen["model"].training
