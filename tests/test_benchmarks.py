@@ -512,9 +512,8 @@ def test_side_by_side_train_steps_update_the_parameters(monkeypatch):
         return seen["model"], inputs
 
     monkeypatch.setattr(benchmarks.run, "build", recording_build)
-    before = _programs()
     row = side.measure("mlp", ["eager", "tpu"], rounds=2, calls=2, train=True, batch=4)
-    assert _programs() - before >= 2  # the loss's forward and backward programs
+    # (no program count: an earlier test may have compiled this loss already, and Dynamo reuses it)
     assert set(row["median_ms"]) == {"eager", "tpu"} and row["max_abs_err"] == {}
     moved = [n for n, p in seen["model"].named_parameters() if not torch.equal(p.detach(), seen["start"][n])]
     assert moved and seen["model"].training
