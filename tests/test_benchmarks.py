@@ -453,16 +453,12 @@ def test_ab_compiles_each_variant_as_its_own_program(tmp_path):
         ab.main(["mlp", "--variant", "base={}"])  # one variant: nothing to compare
 
 
-def test_ab_train_times_steps_that_train(monkeypatch):
-    """--train: each variant's step is the suite's compiled loss, its backward and an optimizer step."""
-    import torch
-
+@pytest.fixture
+def seen(monkeypatch):
+    """The model benchmarks.run.build makes next, and its parameters as built."""
     import benchmarks.run
-    from benchmarks import ab
-    from benchmarks.run import build
 
-    before = _programs()
-    seen = {}
+    build, seen = benchmarks.run.build, {}
 
     def recording_build(*a):
         seen["model"], inputs = build(*a)
@@ -470,6 +466,16 @@ def test_ab_train_times_steps_that_train(monkeypatch):
         return seen["model"], inputs
 
     monkeypatch.setattr(benchmarks.run, "build", recording_build)
+    return seen
+
+
+def test_ab_train_times_steps_that_train(seen):
+    """--train: each variant's step is the suite's compiled loss, its backward and an optimizer step."""
+    import torch
+
+    from benchmarks import ab
+
+    before = _programs()
     result = ab.main(["mlp", "--train", "--rounds", "2", "--calls", "2", "--batch", "4",
                       "--variant", "base={}", "--variant", 'strict={"mode": "strict"}'])
     assert _programs() - before >= 4  # a forward and a backward program per variant, at least
@@ -497,21 +503,11 @@ def test_side_by_side_times_every_backend_in_one_process_per_model(tmp_path):
     assert json.loads(out.read_text())["rows"][0]["median_ms"] == row["median_ms"]
 
 
-def test_side_by_side_train_steps_update_the_parameters(monkeypatch):
+def test_side_by_side_train_steps_update_the_parameters(seen):
     import torch
 
-    import benchmarks.run
     from benchmarks import side
-    from benchmarks.run import build
 
-    seen = {}
-
-    def recording_build(*a):
-        seen["model"], inputs = build(*a)
-        seen["start"] = {n: p.detach().clone() for n, p in seen["model"].named_parameters()}
-        return seen["model"], inputs
-
-    monkeypatch.setattr(benchmarks.run, "build", recording_build)
     row = side.measure("mlp", ["eager", "tpu"], rounds=2, calls=2, train=True, batch=4)
     # (no program count: an earlier test may have compiled this loss already, and Dynamo reuses it)
     assert set(row["median_ms"]) == {"eager", "tpu"} and row["max_abs_err"] == {}
