@@ -208,6 +208,31 @@ def test_tpu_export_uses_megablox_kernels(tpu_export):
     assert "custom_call @tpu_custom_call" not in portable  # a multi-platform artifact keeps XLA's ops
 
 
+@pytest.mark.parametrize("precision,kernel", [("medium", True), ("high", False), ("highest", False)])
+def test_tpu_float32_grouped_mm_follows_float32_matmul_precision(precision, kernel):
+    """megablox's matmuls are bfloat16-precise: float32 takes them only where torch allows bfloat16
+    matmuls (on a TPU v5e a float32 Mixtral's gradients were 5e-3 off with them)."""
+    g = torch.Generator().manual_seed(0)
+    a, w = torch.randn(160, 64, generator=g), torch.randn(4, 64, 256, generator=g)
+    offs = torch.tensor([40, 40, 100, 160], dtype=torch.int32)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        events.clear()
+        # float32 MoE layers call transformers' op (torch 2.13 traces _grouped_mm in bfloat16 only)
+        text = torchtpu.export(lambda a, w, offs: torch.ops.transformers.grouped_mm_fallback(a, w, offs),
+                               a, w, offs, platforms=("tpu",)).stablehlo_text()
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert ("custom_call @tpu_custom_call" in text) is kernel
+    (choice,) = [e for e in events.events() if e["kind"] == "kernel" and e["kernel"] == "grouped_matmul"]
+    assert choice["choice"] == ("mosaic" if kernel else "xla")
+    if not kernel:
+        assert "bfloat16-precise" in choice["why"]
+        # XLA's ragged dot at torch's precision: bfloat16 x3 for "high", full float32 for "highest"
+        assert "chlo.ragged_dot" in text and f'precision_config = ["{precision.upper()}"' in text
+
+
 def test_tpu_export_moe_model():
     exported = torchtpu.export(_moe_model("mixtral", torch.bfloat16), IDS, platforms=("tpu",))
     text = exported.stablehlo_text()

@@ -10,9 +10,9 @@ own ops, and records the choice as a "kernel" compile event:
 | "off" | XLA's own ops | XLA's own ops |
 | "auto" with option `mesh` | XLA's own ops (XLA does not partition Mosaic calls) | XLA's own ops |
 
-Float32 attention on a TPU target is the exception: the shipped flash kernel's matmuls are
-bfloat16-precise, so it takes float32 only under torch's float32 matmul precision "medium"
-(kernels/attention.py `precision_gap`, docs/DECISIONS.md 94).
+Float32 on a TPU target is the exception: the shipped kernels' matmuls (flash attention, megablox's
+grouped matmuls) are bfloat16-precise, so they take float32 only under torch's float32 matmul
+precision "medium" (`precision_gap`; docs/DECISIONS.md 94, 125).
 
 Interpret mode runs a kernel's body as ordinary XLA ops (a loop over the grid), so its
 numerics are checked on any machine. A multi-platform ("portable") export never gets a
@@ -23,11 +23,24 @@ from __future__ import annotations
 import contextlib
 
 import jax
+import jax.numpy as jnp
+import torch
 
 from torchtpu import events
 from torchtpu.plans import MASK
 
 MOSAIC, INTERPRET, XLA = "mosaic", "interpret", "xla"
+
+
+def precision_gap(dtype) -> str | None:
+    """Why a compiled (Mosaic) kernel whose matmuls are bfloat16-precise cannot take this dtype at
+    torch's float32 matmul precision (None: it can). On a TPU v5e the shipped flash kernel's float32
+    attention was 9e-3 off torch's and megablox's grouped matmuls put a Mixtral's gradients 5e-3 off
+    (XLA's own ops at HIGHEST: 2e-6 and 3e-5): the error of torch.set_float32_matmul_precision("medium"),
+    which is the one setting that allows it."""
+    if dtype == jnp.float32 and torch.get_float32_matmul_precision() != "medium":
+        return "float32 at matmul precision 'highest'/'high': the kernel's matmuls are bfloat16-precise"
+    return None
 
 
 def choose(ctx, kernel: str, why_not: str | None = None, mosaic_why_not: str | None = None) -> str:

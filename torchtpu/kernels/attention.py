@@ -20,7 +20,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import torch
 from jax.experimental.pallas.ops.tpu import flash_attention as fa
 
 BLOCK = fa.MIN_BLOCK_SIZE  # 128: the kernel's lane width; blocks are multiples of it
@@ -41,16 +40,6 @@ def supports(q, k, v, mask, dropout_p) -> str | None:
         return f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} kv heads"
     if mask is not None and mask.ndim > 4:
         return f"mask of rank {mask.ndim}"
-    return None
-
-
-def precision_gap(dtype) -> str | None:
-    """Why the compiled (Mosaic) kernel cannot take this dtype at torch's float32 matmul precision
-    (None: it can). The shipped kernel's float32 matmuls run at the MXU's bfloat16 precision: on a
-    TPU v5e its attention was 9e-3 off torch's (XLA's own ops at HIGHEST: 2e-6), the error of
-    torch.set_float32_matmul_precision("medium"), which is the one setting that allows it."""
-    if dtype == jnp.float32 and torch.get_float32_matmul_precision() != "medium":
-        return "float32 at matmul precision 'highest'/'high': the kernel's matmuls are bfloat16-precise"
     return None
 
 

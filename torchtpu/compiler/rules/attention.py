@@ -118,7 +118,7 @@ def aten_backward_pays(q, k) -> bool:
 def _flash_choice(ctx, q, k, v, attn_mask, dropout_p) -> str:
     """The flash kernel's choice for this attention (float32 only where its matmuls may be bfloat16)."""
     return kernels.choose(ctx, "flash_attention", flash.supports(q, k, v, attn_mask, dropout_p),
-                          mosaic_why_not=flash.precision_gap(q.dtype))
+                          mosaic_why_not=kernels.precision_gap(q.dtype))
 
 
 @op(aten._scaled_dot_product_flash_attention_for_cpu.default)

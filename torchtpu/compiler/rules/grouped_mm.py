@@ -17,9 +17,11 @@ AOTAutograd's backward of `_grouped_mm` is `_grouped_mm` again on transposed ope
 rows- and columns-ragged), so these rules cover training as they are.
 
 Per node, `kernels.choose` picks JAX's megablox kernels (kernels/grouped_matmul.py) on a
-TPU target, ATen's own `_grouped_mm` as a custom call on the CPU (kernels/aten_cpu.py: XLA:CPU's
-ragged dot is a dense product masked per group, G times the work: docs/DECISIONS.md 79) and
-`lax.ragged_dot_general` elsewhere; the batched form is a dot everywhere.
+TPU target (float32 only under torch's matmul precision "medium": their matmuls are
+bfloat16-precise, `kernels.precision_gap`), ATen's own `_grouped_mm` as a custom call on the
+CPU (kernels/aten_cpu.py: XLA:CPU's ragged dot is a dense product masked per group, G times
+the work: docs/DECISIONS.md 79) and `lax.ragged_dot_general` elsewhere; the batched form is a
+dot everywhere.
 """
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ def grouped_mm(ctx, a, b, offs):
     if a.ndim == 3 and b.ndim == 3:
         return jnp.matmul(a, b, precision=precision(), preferred_element_type=acc)
     sizes = _sizes(offs)
-    choice = kernels.choose(ctx, "grouped_matmul", megablox.supports(a, b))
+    choice = kernels.choose(ctx, "grouped_matmul", megablox.supports(a, b),
+                            mosaic_why_not=kernels.precision_gap(jnp.result_type(a, b)))
     if choice != kernels.XLA:
         with kernels.running(choice):
             if b.ndim == 3:
