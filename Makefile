@@ -35,9 +35,11 @@ browser:
 	  || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) \
 	  || echo "chromium could not be installed: the HTML-report browser test will skip"
 
-# The model-coverage suite (also part of make test) as a table: docs/coverage.md.
+# The model-coverage suite (also part of make test) as a table: docs/coverage.md; then the OpInfo
+# sweep with every case's full samples (make test tries fewer of the cases expected to pass).
 coverage: $(STAMP)
 	TORCHTPU_COVERAGE_FULL=1 $(VPY) tests/model_coverage.py --write docs/coverage.md
+	TORCHTPU_OPINFO_FULL=1 $(VPY) -m pytest -q -n $(PYTEST_WORKERS) tests/test_opinfo.py
 
 bench: $(STAMP)
 	$(VPY) -m benchmarks.suite
