@@ -14,9 +14,10 @@ Workloads:
               or on 4096 ("small": also what a program pays once PJRT hands it to a worker thread
               instead of running it on the caller, docs/DECISIONS.md 109)
     decode    one decode step of greedy generate with a static KV cache (benchmarks/generate_bench.py)
-    floor     nothing built: the resident set of the backend's runtime alone (torch imported; for
-              tpu also torchtpu, JAX and the PJRT client; for inductor its compiler imported),
-              which the suite subtracts from the other cells' peaks
+    floor     nothing built: the resident set of the backend's runtime alone, no compiler front
+              end (torch imported; for tpu also torchtpu, JAX and the PJRT client; for inductor
+              the code cache its generated code imports, which brings Dynamo), which the suite
+              subtracts from the other cells' peaks
 
 A cell with "precompiled": PATH (backend tpu, infer or train) loads the artifact at PATH with
 torchtpu.precompile.load instead of calling torch.compile; "precompile_to": PATH instead saves
@@ -243,7 +244,9 @@ def floor(spec: dict) -> dict:
 
         platform.device()  # the PJRT client
     elif spec["backend"] == "inductor":
-        import torch._inductor.compile_fx  # noqa: F401
+        # what running its generated code imports (the code cache; it brings Dynamo with it), not
+        # its compiler: compile_fx would also load AOTAutograd, which tpu's floor does not hold
+        import torch._inductor.codecache  # noqa: F401
     return {}
 
 

@@ -397,19 +397,25 @@ def test_memory_phases_split_a_cold_process_into_what_every_process_pays_and_wha
     assert f"{s['peak beyond floor']:.0f}" in line
 
 
-def test_the_tpu_floor_cell_holds_the_runtime_and_not_torchs_compiler():
-    """The floor is torch, torchtpu, JAX and the PJRT client: reading the compile counters (which
-    imports Dynamo, ~85 MB here) is for model cells, or the floor hides that much of a cold start."""
+@pytest.mark.parametrize("backend", ["tpu", "inductor"])
+def test_a_floor_cell_holds_the_runtime_and_not_torchs_compiler(backend):
+    """tpu's floor is torch, torchtpu, JAX and the PJRT client; Inductor's the code cache its
+    generated code imports (which brings Dynamo). Neither holds AOTAutograd, and tpu's not Dynamo:
+    reading the compile counters imports Dynamo (~85 MB here), which is for model cells, or the
+    floor hides that much of a cold start; the two floors are defined alike (runtime, no compiler)."""
     import subprocess
 
     script = ("import json, sys; from benchmarks import cells; "
-              "row = cells.measure({'workload': 'floor', 'backend': 'tpu', 'reps': 1, 'warmup': 0}); "
-              "print(json.dumps([row, 'torch._dynamo' in sys.modules]))")
+              f"row = cells.measure({{'workload': 'floor', 'backend': '{backend}', 'reps': 1, 'warmup': 0}}); "
+              "print(json.dumps([row, 'torch._dynamo' in sys.modules, 'torch._functorch.aot_autograd' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).parent.parent)
-    row, dynamo_imported = json.loads(out.stdout.strip().splitlines()[-1])
-    assert row["peak_rss_mb"] > 0 and row["device"] == "cpu" and "xla_compiles" not in row
-    assert dynamo_imported is False
+    row, dynamo_imported, aot_imported = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["peak_rss_mb"] > 0 and "xla_compiles" not in row and "fxgraph_cache_hits" not in row
+    assert aot_imported is False
+    assert dynamo_imported is (backend == "inductor")
+    if backend == "tpu":
+        assert row["device"] == "cpu"
 
 
 def test_the_overhead_workload_times_a_tiny_and_a_small_graph():
