@@ -167,3 +167,47 @@ def test_kernels_split_over_xlas_pool_keep_eagers_bits(threads):
     env = {**os.environ, "PJRT_NPROC": str(threads), "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
     assert "pooled ok" in run_python(_POOLED, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "gqa", "scale", "masked_rows", "bool_mask", "float_mask_2d"])
+def test_off_cpu_float32_backward_renormalizes_instead_of_trusting_the_logsumexp(case):
+    """On a TPU target the float32 attention backward recomputes P from its row max and sum (on a
+    v5e P = exp(S - lse) put dq/dk/dv 2.8e-5 off float64, renormalized 1.1e-6: DECISIONS 129); the
+    CPU keeps the logsumexp form. The rule run on the CPU as each target would lower it: every
+    form within float32 rounding of float64, and only the CPU's reading the saved logsumexp."""
+    import types
+
+    import jax
+    import numpy as np
+
+    from torchtpu.compiler.rules.attention import _sdpa_flash_cpu, _sdpa_flash_cpu_backward
+    from torchtpu.options import Options
+
+    (q, k, v), kw = _case(case, torch.float32)
+    expected = _grads(F.scaled_dot_product_attention, (q, k, v), kw, torch.float64)
+    if kw.pop("enable_gqa", False):
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)  # the graph's own expansion
+    mask = kw.get("attn_mask")
+    if mask is not None and mask.dtype == torch.bool:  # torch makes it additive before the fused op
+        mask = torch.zeros(mask.shape).masked_fill(~mask, -float("inf"))
+    torch.manual_seed(1)
+    grad_out = torch.randn(expected[0].shape)
+    j = lambda t: None if t is None else jax.numpy.asarray(t.numpy())  # noqa: E731
+    grads = {}
+    for platform in ("tpu", "cpu"):
+        ctx = types.SimpleNamespace(options=Options.parse({"aten_kernels": "off"}), platform=platform,
+                                    node=types.SimpleNamespace(meta={}, name="sdpa"))
+        args = dict(attn_mask=j(mask), scale=kw.get("scale"))
+        out, lse = _sdpa_flash_cpu(ctx, j(q), j(k), j(v), 0.0, kw.get("is_causal", False), **args)
+        for shift in (0.0, 0.5):  # a wrong logsumexp: read by the CPU's form only
+            dq, dk, dv = _sdpa_flash_cpu_backward(ctx, j(grad_out), j(q), j(k), j(v), out, lse + shift, 0.0,
+                                                  kw.get("is_causal", False), **args)
+            grads[platform, shift] = [torch.from_numpy(np.array(g)) for g in (dq, dk, dv)]
+    for name, got, want in zip("qkv", grads["tpu", 0.0], expected[1:]):
+        got = got if got.shape == want.shape else got.reshape(*want.shape[:2], -1, *got.shape[2:]).sum(2)
+        assert torch.isfinite(got).all()
+        assert (got.double() - want.double()).norm() <= 2e-6 * want.double().norm(), name
+    for t, c in zip(grads["tpu", 0.0], grads["cpu", 0.0]):
+        torch.testing.assert_close(t, c, rtol=1e-5, atol=1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(grads["tpu", 0.0], grads["tpu", 0.5]))
+    assert not all(torch.allclose(a, b) for a, b in zip(grads["cpu", 0.0], grads["cpu", 0.5]))

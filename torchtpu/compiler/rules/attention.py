@@ -72,18 +72,32 @@ def attention(q, k, v, mask=None, causal=False, scale=None):
     return out, jnp.where(empty, 0.0, top + jnp.log(total))[..., 0]
 
 
-def attention_backward(grad_out, q, k, v, out, logsumexp, mask=None, causal=False, scale=None):
+def attention_backward(grad_out, q, k, v, out, logsumexp, mask=None, causal=False, scale=None,
+                       renormalize=False):
     """(dq, dk, dv) of `attention` from its saved output and logsumexp, as torch's CPU kernel
     computes them: P = exp(S - lse) recomputed once, dS = P * (dO V^T - rowsum(dO * O)).
 
     Not the VJP of `attention`: that one recomputes the softmax and also differentiates its max
     (a [.., q, k] compare and select whose gradient is zero), three passes over the scores more
-    (the UNet's 256-token self-attention backward: docs/DECISIONS.md 96)."""
+    (the UNet's 256-token self-attention backward: docs/DECISIONS.md 96).
+
+    renormalize: P = exp(S - rowmax) / rowsum instead, the saved logsumexp unused (two passes
+    over the scores more). Where log and exp are not correctly rounded (a TPU's float32), P from
+    the logsumexp is off by its error in every entry, and dS, a difference of near-equal terms,
+    multiplies it: on a v5e dq/dk/dv were 2.8e-5 off float64 that way, 1.1e-6 renormalized
+    (the CPU: 3e-7 either way; docs/DECISIONS.md 129)."""
     acc = accumulate_dtype(q.dtype)
     q, grad_out, out = q.astype(acc), grad_out.astype(acc), out.astype(acc)
     kr, vr = _heads_like(q, k.astype(acc)), _heads_like(q, v.astype(acc))
-    # a fully masked row's scores are all -inf and its logsumexp 0: its probabilities are 0
-    probs = jnp.exp(_scores(q, kr, mask, causal, scale) - logsumexp.astype(acc)[..., None])
+    scores = _scores(q, kr, mask, causal, scale)
+    if renormalize:
+        top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), jnp.finfo(acc).min)  # -inf rows: exp gives 0
+        weights = jnp.exp(scores - top)
+        total = jnp.sum(weights, axis=-1, keepdims=True)
+        probs = weights / jnp.where(total == 0, 1.0, total)  # a fully masked row: probabilities 0
+    else:
+        # a fully masked row's scores are all -inf and its logsumexp 0: its probabilities are 0
+        probs = jnp.exp(scores - logsumexp.astype(acc)[..., None])
     dv = jnp.einsum("...qk,...qd->...kd", probs, grad_out, precision=_HIGHEST)
     dp = jnp.einsum("...qd,...kd->...qk", grad_out, vr, precision=_HIGHEST)
     ds = probs * (dp - jnp.sum(grad_out * out, axis=-1, keepdims=True))
@@ -147,4 +161,7 @@ def _sdpa_flash_cpu_backward(ctx, grad_out, q, k, v, out, logsumexp, dropout_p, 
         dq, dk, dv = aten_cpu.attention_backward(grad_out, q, _heads_like(q, k), _heads_like(q, v), out, logsumexp,
                                                  attn_mask, is_causal, scale)
         return dq, _group_sum(dk, k), _group_sum(dv, v)
-    return attention_backward(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale)
+    # a TPU's float32 exp and log are not accurate enough for the saved logsumexp (measured on a v5e);
+    # the CPU's are, and there the logsumexp form is faster; a GPU's were not measured: as the CPU
+    return attention_backward(grad_out, q, k, v, out, logsumexp, attn_mask, is_causal, scale,
+                              renormalize=ctx.platform == "tpu")
