@@ -50,6 +50,14 @@ def _scores(q, k, mask, causal, scale):
     return scores
 
 
+def _unnormalized_softmax(scores):
+    """(row max, exp(scores - max), row sum): a fully masked row's max is clamped to the dtype's
+    lowest finite value, so its exps and sum are 0 rather than NaN."""
+    top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), jnp.finfo(scores.dtype).min)
+    weights = jnp.exp(scores - top)
+    return top, weights, jnp.sum(weights, axis=-1, keepdims=True)
+
+
 def attention(q, k, v, mask=None, causal=False, scale=None):
     """softmax(q k^T * scale + mask) v, with GQA head broadcasting; returns (out, logsumexp).
 
@@ -62,10 +70,7 @@ def attention(q, k, v, mask=None, causal=False, scale=None):
     """
     acc = accumulate_dtype(q.dtype)
     q, k, v = q.astype(acc), _heads_like(q, k.astype(acc)), _heads_like(q, v.astype(acc))
-    scores = _scores(q, k, mask, causal, scale)
-    top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), jnp.finfo(acc).min)  # -inf rows: exp gives 0
-    weights = jnp.exp(scores - top)
-    total = jnp.sum(weights, axis=-1, keepdims=True)
+    top, weights, total = _unnormalized_softmax(_scores(q, k, mask, causal, scale))
     out = jnp.einsum("...qk,...kd->...qd", weights, v, precision=_HIGHEST)
     empty = total == 0  # a fully masked row: output 0 (not 0 / 0) and logsumexp 0, as torch's kernel
     out = out / jnp.where(empty, 1.0, total)
@@ -91,9 +96,7 @@ def attention_backward(grad_out, q, k, v, out, logsumexp, mask=None, causal=Fals
     kr, vr = _heads_like(q, k.astype(acc)), _heads_like(q, v.astype(acc))
     scores = _scores(q, kr, mask, causal, scale)
     if renormalize:
-        top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), jnp.finfo(acc).min)  # -inf rows: exp gives 0
-        weights = jnp.exp(scores - top)
-        total = jnp.sum(weights, axis=-1, keepdims=True)
+        _, weights, total = _unnormalized_softmax(scores)
         probs = weights / jnp.where(total == 0, 1.0, total)  # a fully masked row: probabilities 0
     else:
         # a fully masked row's scores are all -inf and its logsumexp 0: its probabilities are 0
