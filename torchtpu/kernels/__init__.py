@@ -36,7 +36,8 @@ def precision_gap(dtype) -> str | None:
     """Why a compiled (Mosaic) kernel whose matmuls are bfloat16-precise cannot take this dtype at
     torch's float32 matmul precision (None: it can). On a TPU v5e the shipped flash kernel's float32
     attention was 9e-3 off torch's (XLA's own ops at HIGHEST: 2e-6), and with megablox's grouped
-    matmuls a Mixtral's gradients were 5e-3 off (a dense decoder's 2e-5): the error of
+    matmuls a Mixtral's gradients were 5e-3 off (a dense decoder's then 2e-5, itself the attention
+    backward's error, since fixed: DECISIONS 129): the error of
     torch.set_float32_matmul_precision("medium"), which is the one setting that allows it."""
     if dtype == jnp.float32 and torch.get_float32_matmul_precision() != "medium":
         return "float32 at matmul precision 'highest'/'high': the kernel's matmuls are bfloat16-precise"
